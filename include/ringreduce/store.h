@@ -1,0 +1,60 @@
+// The rendezvous key-value store: the only state ranks share before their links exist.
+// Implementations: in-memory (tests), file (shared filesystem), TCP (rank 0 or standalone), and
+// the torch backend's wrapper around c10d::Store. Public so that bindings can supply their own.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ringreduce {
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  // Stores value under key, replacing any previous value, and wakes waiters on it.
+  virtual void set(const std::string& key, const std::vector<uint8_t>& value) = 0;
+  // Waits until key exists, then returns its value. TimeoutError (naming the key) after timeout.
+  virtual std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) = 0;
+  // Atomically adds delta to the integer stored under key (missing = 0) and returns the result.
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
+  // Waits until every key exists. TimeoutError naming the keys still missing after timeout.
+  virtual void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
+  // True if every key exists now; never waits.
+  virtual bool check(const std::vector<std::string>& keys) = 0;
+};
+
+// Namespaces every key under "prefix/": lets several communicators share one store.
+class PrefixStore : public Store {
+ public:
+  PrefixStore(std::shared_ptr<Store> inner, std::string prefix)
+      : inner_(std::move(inner)), prefix_(std::move(prefix) + "/") {}
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    inner_->set(prefix_ + key, value);
+  }
+  std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override {
+    return inner_->get(prefix_ + key, timeout);
+  }
+  int64_t add(const std::string& key, int64_t delta) override { return inner_->add(prefix_ + key, delta); }
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    inner_->wait(prefixed(keys), timeout);
+  }
+  bool check(const std::vector<std::string>& keys) override { return inner_->check(prefixed(keys)); }
+
+ private:
+  std::vector<std::string> prefixed(const std::vector<std::string>& keys) const {
+    std::vector<std::string> out;
+    out.reserve(keys.size());
+    for (const auto& k : keys) out.push_back(prefix_ + k);
+    return out;
+  }
+  std::shared_ptr<Store> inner_;
+  std::string prefix_;
+};
+
+// An in-process store for tests that run ranks as threads.
+std::shared_ptr<Store> make_memory_store();
+
+}  // namespace ringreduce

@@ -1,0 +1,133 @@
+#include "core/config.h"
+
+#include <cstdlib>
+#include <sstream>
+
+#include "ringreduce/error.h"
+
+namespace ringreduce::core {
+
+const std::vector<SettingInfo>& all_settings() {
+  static const std::vector<SettingInfo> kSettings = {
+      {"RINGREDUCE_RANK", "", "this process's rank (else torchrun/OpenMPI/Slurm/PMI variables)"},
+      {"RINGREDUCE_WORLD_SIZE", "", "number of ranks (else the launcher's variables)"},
+      {"RINGREDUCE_ADDR", "",
+       "rendezvous store host:port (else MASTER_ADDR:MASTER_PORT); rank 0 hosts it"},
+      {"RINGREDUCE_TOKEN", "", "shared secret that authenticates store and data connections"},
+      {"RINGREDUCE_TIMEOUT", "300", "seconds any wait may take before a TimeoutError"},
+      {"RINGREDUCE_DEBUG", "WARN", "log level: WARN, INFO or TRACE"},
+      {"RINGREDUCE_ALGO", "", "force an algorithm, e.g. ring or allreduce:ring (default: tuner)"},
+      {"RINGREDUCE_SEGMENT_BYTES", "", "pipeline segment size (default: chosen by the tuner)"},
+      {"RINGREDUCE_CHANNELS", "1", "independent rings over disjoint parts of the buffer"},
+      {"RINGREDUCE_SOCKET_IFNAME", "",
+       "network interface(s) for data sockets: eth0, ^docker,lo (exclude), =eth0 (exact)"},
+      {"RINGREDUCE_SOCKET_FAMILY", "", "AF_INET or AF_INET6 to force an address family"},
+      {"RINGREDUCE_SOCKET_BUFFER", "4M", "SO_SNDBUF/SO_RCVBUF of data sockets (0: kernel default)"},
+      {"RINGREDUCE_SPIN_US", "", "microseconds to poll before sleeping (default: 50, 5 if oversubscribed)"},
+      {"RINGREDUCE_STORE_SERVER", "1", "0: rank 0 does not host the store (a standalone one runs)"},
+  };
+  return kSettings;
+}
+
+std::optional<std::string> env(const std::string& name) {
+  const char* v = std::getenv(name.c_str());
+  if (v == nullptr) return std::nullopt;
+  return std::string(v);
+}
+
+std::optional<uint64_t> parse_size(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  size_t pos = 0;
+  uint64_t v = 0;
+  while (pos < text.size() && text[pos] >= '0' && text[pos] <= '9') {
+    uint64_t next = v * 10 + static_cast<uint64_t>(text[pos] - '0');
+    if (next / 10 != v) return std::nullopt;  // overflow
+    v = next;
+    ++pos;
+  }
+  if (pos == 0) return std::nullopt;
+  if (pos == text.size()) return v;
+  if (pos + 1 != text.size() && !(pos + 2 == text.size() && (text[pos + 1] == 'B' || text[pos + 1] == 'b')))
+    return std::nullopt;
+  int shift = 0;
+  switch (text[pos]) {
+    case 'k': case 'K': shift = 10; break;
+    case 'm': case 'M': shift = 20; break;
+    case 'g': case 'G': shift = 30; break;
+    default: return std::nullopt;
+  }
+  if (v > (UINT64_MAX >> shift)) return std::nullopt;
+  return v << shift;
+}
+
+Config::Config(const std::map<std::string, std::string>& overrides) {
+  for (const auto& [name, value] : overrides) {
+    bool known = false;
+    for (const auto& s : all_settings()) known = known || name == s.name;
+    if (!known) throw InvalidArgument("unknown setting '" + name + "' in Options::settings");
+  }
+  for (const auto& s : all_settings()) {
+    if (auto it = overrides.find(s.name); it != overrides.end()) {
+      values_[s.name] = {it->second, "options"};
+    } else if (auto e = env(s.name); e && !e->empty()) {
+      values_[s.name] = {*e, "environment"};
+    } else {
+      values_[s.name] = {s.default_value, "default"};
+    }
+  }
+}
+
+const Config::Value& Config::lookup(const std::string& name) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) throw InvalidArgument("unknown setting '" + name + "'");
+  return it->second;
+}
+
+std::string Config::str(const std::string& name) const { return lookup(name).value; }
+std::string Config::source(const std::string& name) const { return lookup(name).source; }
+
+uint64_t Config::size(const std::string& name) const {
+  const Value& v = lookup(name);
+  auto parsed = parse_size(v.value);
+  if (!parsed)
+    throw InvalidArgument(name + "='" + v.value + "' (from " + v.source +
+                          ") is not a size such as 65536, 64K or 4M");
+  return *parsed;
+}
+
+int64_t Config::integer(const std::string& name) const {
+  const Value& v = lookup(name);
+  try {
+    size_t used = 0;
+    int64_t r = std::stoll(v.value, &used);
+    if (used == v.value.size()) return r;
+  } catch (const std::exception&) {
+  }
+  throw InvalidArgument(name + "='" + v.value + "' (from " + v.source + ") is not an integer");
+}
+
+double Config::number(const std::string& name) const {
+  const Value& v = lookup(name);
+  try {
+    size_t used = 0;
+    double r = std::stod(v.value, &used);
+    if (used == v.value.size()) return r;
+  } catch (const std::exception&) {
+  }
+  throw InvalidArgument(name + "='" + v.value + "' (from " + v.source + ") is not a number");
+}
+
+std::string Config::dump() const {
+  std::ostringstream out;
+  for (const auto& s : all_settings()) {
+    const Value& v = values_.at(s.name);
+    if (std::string(s.name) == "RINGREDUCE_TOKEN" && !v.value.empty()) {
+      out << s.name << "=<set> (" << v.source << ")\n";  // never log the secret
+    } else {
+      out << s.name << "=" << v.value << " (" << v.source << ")\n";
+    }
+  }
+  return out.str();
+}
+
+}  // namespace ringreduce::core

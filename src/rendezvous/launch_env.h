@@ -1,0 +1,33 @@
+// Who am I and where is the store? The variable chain of DESIGN.md, first match wins:
+//   RINGREDUCE_RANK / RINGREDUCE_WORLD_SIZE / RINGREDUCE_ADDR      (ringrun, or by hand)
+//   RANK / WORLD_SIZE / MASTER_ADDR:MASTER_PORT                     (torchrun)
+//   OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE                     (OpenMPI's mpirun)
+//   SLURM_PROCID / SLURM_NTASKS                                     (srun)
+//   PMI_RANK / PMI_SIZE                                             (MPICH hydra, PMI)
+// The store address comes from RINGREDUCE_ADDR, else MASTER_ADDR:MASTER_PORT; under mpirun/srun
+// the user exports one of them (README shows how).
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "core/config.h"
+
+namespace ringreduce::rendezvous {
+
+struct LaunchInfo {
+  int rank = -1;
+  int world_size = -1;
+  std::string store_host;  // empty if no address was found
+  int store_port = -1;
+  int local_rank = -1;     // -1 when the launcher does not say
+  int local_size = -1;
+  std::string launcher;    // "ringreduce", "torchrun", "openmpi", "slurm", "pmi", "options"
+};
+
+// Reads the resolved config (Options override the RINGREDUCE_* variables) and then the
+// launchers' variables. Throws InvalidArgument naming the variables it looked for when rank or
+// world size cannot be found, or when they are inconsistent (rank >= world size, ...).
+LaunchInfo detect_launch(const core::Config& config);
+
+}  // namespace ringreduce::rendezvous
