@@ -1,0 +1,155 @@
+// The C++ API: a Communicator over a group of ranks, with blocking and asynchronous collectives.
+//
+//   auto comm = ringreduce::Communicator::from_env();
+//   comm.allreduce(std::span<float>(grad), ringreduce::ReduceOp::avg);      // in place
+//   ringreduce::Work w = comm.allreduce_async(send, recv, ReduceOp::sum);   // out of place
+//   w.wait();
+//
+// Collectives must be issued in the same order on every rank (MPI semantics). Ops run in issue
+// order. A failure raises ringreduce::Error (see error.h) naming the rank, the op and its
+// sequence number, and aborts the communicator: every pending and later op fails with it.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+
+#include "ringreduce/error.h"
+#include "ringreduce/options.h"
+#include "ringreduce/types.h"
+
+namespace ringreduce {
+
+namespace detail {
+struct OpState;
+class CommImpl;
+}  // namespace detail
+
+// Per-call settings.
+struct CallOptions {
+  // Overrides the communicator's timeout for this op.
+  std::optional<std::chrono::milliseconds> timeout;
+};
+
+// The handle of an asynchronous op. Buffers must stay valid until the op has completed.
+class Work {
+ public:
+  Work() = default;
+  // Blocks until the op has completed; throws its error if it failed.
+  void wait();
+  // Waits at most `timeout`; returns whether the op completed (throws its error if it failed).
+  bool wait(std::chrono::milliseconds timeout);
+  // Never blocks: whether the op has completed (throws its error if it failed).
+  bool test();
+  bool valid() const { return state_ != nullptr; }
+  // The plan the tuner chose for this op, e.g. "ring seg=512K ch=1".
+  std::string algorithm() const;
+
+ private:
+  friend class detail::CommImpl;
+  explicit Work(std::shared_ptr<detail::OpState> s) : state_(std::move(s)) {}
+  std::shared_ptr<detail::OpState> state_;
+};
+
+class Communicator {
+ public:
+  // Rank, world size and store address from the environment: RINGREDUCE_*, then torchrun's,
+  // OpenMPI's, Slurm's and PMI's variables (README). Options override the environment.
+  static Communicator from_env(const Options& options = {});
+  explicit Communicator(const Options& options);
+  ~Communicator();
+  Communicator(Communicator&&) noexcept;
+  Communicator& operator=(Communicator&&) noexcept;
+
+  int rank() const;
+  int size() const;
+
+  // ---- untyped calls (bindings, the C API); counts are elements -------------------------------
+  // Out of place unless send == recv.
+  Work allreduce_async(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                       const CallOptions& call = {});
+  // send holds size() * recv_count elements; rank r receives block r, reduced.
+  Work reduce_scatter_async(const void* send, void* recv, size_t recv_count, DataType dtype,
+                            ReduceOp op, const CallOptions& call = {});
+  // recv holds size() * send_count elements; block r comes from rank r.
+  Work allgather_async(const void* send, void* recv, size_t send_count, DataType dtype,
+                       const CallOptions& call = {});
+  Work broadcast_async(void* buffer, size_t count, DataType dtype, int root,
+                       const CallOptions& call = {});
+  // Out of place: the root sends from send (and copies it to its recv); the others receive into
+  // recv. send is only read on the root.
+  Work broadcast_async(const void* send, void* recv, size_t count, DataType dtype, int root,
+                       const CallOptions& call = {});
+  // recv is used on the root only (may be null elsewhere).
+  Work reduce_async(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                    int root, const CallOptions& call = {});
+  // send and recv hold size() * count elements; block j of send goes to rank j. send != recv.
+  Work alltoall_async(const void* send, void* recv, size_t count, DataType dtype,
+                      const CallOptions& call = {});
+  Work barrier_async(const CallOptions& call = {});
+
+  void allreduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                 const CallOptions& call = {});
+  void reduce_scatter(const void* send, void* recv, size_t recv_count, DataType dtype, ReduceOp op,
+                      const CallOptions& call = {});
+  void allgather(const void* send, void* recv, size_t send_count, DataType dtype,
+                 const CallOptions& call = {});
+  void broadcast(void* buffer, size_t count, DataType dtype, int root, const CallOptions& call = {});
+  void broadcast(const void* send, void* recv, size_t count, DataType dtype, int root,
+                 const CallOptions& call = {});
+  void reduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op, int root,
+              const CallOptions& call = {});
+  void alltoall(const void* send, void* recv, size_t count, DataType dtype,
+                const CallOptions& call = {});
+  void barrier(const CallOptions& call = {});
+
+  // ---- typed calls: the dtype is deduced from T ------------------------------------------------
+  template <typename T>
+  void allreduce(std::span<T> buffer, ReduceOp op) {
+    allreduce(buffer.data(), buffer.data(), buffer.size(), DataTypeOf<std::remove_cv_t<T>>::value, op);
+  }
+  template <typename T>
+  void allreduce(std::span<const T> send, std::span<T> recv, ReduceOp op) {
+    check_same_size(send.size(), recv.size(), "allreduce");
+    allreduce(send.data(), recv.data(), recv.size(), DataTypeOf<T>::value, op);
+  }
+  template <typename T>
+  Work allreduce_async(std::span<T> buffer, ReduceOp op) {
+    return allreduce_async(buffer.data(), buffer.data(), buffer.size(),
+                           DataTypeOf<std::remove_cv_t<T>>::value, op);
+  }
+  template <typename T>
+  Work allreduce_async(std::span<const T> send, std::span<T> recv, ReduceOp op) {
+    check_same_size(send.size(), recv.size(), "allreduce");
+    return allreduce_async(send.data(), recv.data(), recv.size(), DataTypeOf<T>::value, op);
+  }
+  template <typename T>
+  void broadcast(std::span<T> buffer, int root) {
+    broadcast(buffer.data(), buffer.size(), DataTypeOf<T>::value, root);
+  }
+  template <typename T>
+  void reduce_scatter(std::span<const T> send, std::span<T> recv, ReduceOp op) {
+    check_same_size(send.size(), recv.size() * static_cast<size_t>(size()), "reduce_scatter");
+    reduce_scatter(send.data(), recv.data(), recv.size(), DataTypeOf<T>::value, op);
+  }
+  template <typename T>
+  void allgather(std::span<const T> send, std::span<T> recv) {
+    check_same_size(send.size() * static_cast<size_t>(size()), recv.size(), "allgather");
+    allgather(send.data(), recv.data(), send.size(), DataTypeOf<T>::value);
+  }
+
+  // Fails every pending and later op with `reason` within milliseconds; callable from any
+  // thread. The communicator can be destroyed afterwards.
+  void abort(const std::string& reason);
+
+ private:
+  explicit Communicator(std::unique_ptr<detail::CommImpl> impl);
+  void check_same_size(size_t a, size_t b, const char* call) const;
+  std::unique_ptr<detail::CommImpl> impl_;
+};
+
+}  // namespace ringreduce

@@ -1,0 +1,72 @@
+/* ringreduce C ABI: a stable interface over the C++ Communicator for C, Fortran and FFI users.
+ * No exception crosses it: every call returns an rr_result_t, and rr_last_error() gives the
+ * message of the last failure ("rank 3: allreduce #812 (float x 4194304, sum): peer rank 2 closed
+ * the connection"). */
+#ifndef RINGREDUCE_H_
+#define RINGREDUCE_H_
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct rr_comm rr_comm_t;
+typedef struct rr_work rr_work_t;
+
+typedef enum {
+  RR_OK = 0,
+  RR_ERR_INTERNAL = 1,
+  RR_ERR_INVALID_ARGUMENT = 2,
+  RR_ERR_TIMEOUT = 3,
+  RR_ERR_PEER = 4,
+  RR_ERR_MISMATCH = 5,
+  RR_ERR_ABORTED = 6
+} rr_result_t;
+
+/* Same order as ringreduce::DataType and ringreduce::ReduceOp. */
+typedef enum { RR_F16, RR_BF16, RR_F32, RR_F64, RR_I8, RR_U8, RR_I32, RR_U32, RR_I64, RR_U64 } rr_dtype_t;
+typedef enum { RR_SUM, RR_PROD, RR_MIN, RR_MAX, RR_AVG } rr_op_t;
+
+/* Rank, size and rendezvous from the environment (RINGREDUCE_*, torchrun, OpenMPI, Slurm, PMI). */
+rr_result_t rr_comm_init_from_env(rr_comm_t** comm);
+/* Explicit: addr is the store's "host:port"; token may be NULL; timeout_s <= 0 keeps the default. */
+rr_result_t rr_comm_init(rr_comm_t** comm, int rank, int size, const char* addr, const char* token,
+                         double timeout_s);
+void rr_comm_destroy(rr_comm_t* comm);
+int rr_comm_rank(const rr_comm_t* comm);
+int rr_comm_size(const rr_comm_t* comm);
+/* Fails every pending and later op with reason; callable from any thread. */
+rr_result_t rr_comm_abort(rr_comm_t* comm, const char* reason);
+
+/* Blocking collectives; counts are elements (see the C++ header for each collective's layout). */
+rr_result_t rr_allreduce(rr_comm_t* comm, const void* send, void* recv, size_t count, rr_dtype_t dtype,
+                         rr_op_t op);
+rr_result_t rr_reduce_scatter(rr_comm_t* comm, const void* send, void* recv, size_t recv_count,
+                              rr_dtype_t dtype, rr_op_t op);
+rr_result_t rr_allgather(rr_comm_t* comm, const void* send, void* recv, size_t send_count,
+                         rr_dtype_t dtype);
+rr_result_t rr_broadcast(rr_comm_t* comm, void* buffer, size_t count, rr_dtype_t dtype, int root);
+rr_result_t rr_reduce(rr_comm_t* comm, const void* send, void* recv, size_t count, rr_dtype_t dtype,
+                      rr_op_t op, int root);
+rr_result_t rr_alltoall(rr_comm_t* comm, const void* send, void* recv, size_t count, rr_dtype_t dtype);
+rr_result_t rr_barrier(rr_comm_t* comm);
+
+/* Asynchronous allreduce; the handle must be released with rr_work_free. */
+rr_result_t rr_allreduce_async(rr_comm_t* comm, const void* send, void* recv, size_t count,
+                               rr_dtype_t dtype, rr_op_t op, rr_work_t** work);
+rr_result_t rr_work_wait(rr_work_t* work);
+/* *done = 1 when complete; never blocks. */
+rr_result_t rr_work_test(rr_work_t* work, int* done);
+void rr_work_free(rr_work_t* work);
+
+/* The message of the last failure on comm, or of the last failed init in this thread when comm is
+ * NULL. Valid until the next call on comm (or init in this thread). */
+const char* rr_last_error(const rr_comm_t* comm);
+const char* rr_strerror(rr_result_t result);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* RINGREDUCE_H_ */

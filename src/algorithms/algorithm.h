@@ -1,0 +1,91 @@
+// What an algorithm is: a schedule of Link primitives for one collective call. Algorithms see
+// ranks, links and buffers; they never see sockets or shared pages (DESIGN.md), and they never
+// choose themselves: the tuner does.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/deadline.h"
+#include "ringreduce/types.h"
+#include "transport/link.h"
+
+namespace ringreduce::algorithms {
+
+enum class Collective : uint8_t {
+  allreduce = 1,
+  reduce_scatter = 2,
+  allgather = 3,
+  broadcast = 4,
+  reduce = 5,
+  alltoall = 6,
+  barrier = 7,
+};
+const char* collective_name(Collective c);
+
+// One call's arguments. `count` means, per collective:
+//   allreduce, broadcast, reduce: elements in the buffer;
+//   reduce_scatter: elements each rank receives (send holds size * count);
+//   allgather: elements each rank contributes (recv holds size * count);
+//   alltoall: elements sent to each rank (send and recv hold size * count).
+struct Args {
+  Collective kind = Collective::allreduce;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  size_t count = 0;
+  DataType dtype = DataType::f32;
+  ReduceOp op = ReduceOp::sum;
+  int root = 0;
+};
+
+// Everything an algorithm may use while it runs.
+struct Context {
+  transport::Transport& transport;
+  int rank;
+  int size;
+  core::Deadline deadline;
+  size_t segment_bytes;  // pipeline granularity, > 0
+  int channels;          // 1 <= channels <= transport.channels()
+  // A scratch buffer of at least `bytes`, owned by the communicator and reused across calls.
+  std::function<void*(size_t bytes)> scratch;
+
+  transport::Link& link(int peer, int channel = 0) { return transport.link(peer, channel); }
+  void wait(transport::Completion& c) { transport.wait(c, deadline); }
+  int right() const { return (rank + 1) % size; }
+  int left() const { return (rank + size - 1) % size; }
+};
+
+using RunFn = void (*)(Context&, const Args&);
+
+struct Algorithm {
+  const char* name;  // as RINGREDUCE_ALGO and `ringreduce-perf -a` spell it
+  Collective kind;
+  uint8_t id;        // carried in every message's tag: ranks must agree on it
+  RunFn run;
+};
+
+// Every algorithm there is.
+const std::vector<Algorithm>& all_algorithms();
+const Algorithm* find_algorithm(Collective kind, const std::string& name);
+
+// Calls fn(offset_elems, count_elems) for each segment of `range`, in order. Segments hold whole
+// elements, at most max(1, segment_bytes / elem) of them.
+template <typename Fn>
+void for_each_segment(size_t offset, size_t count, size_t elem, size_t segment_bytes, Fn&& fn) {
+  const size_t per = segment_bytes / elem > 0 ? segment_bytes / elem : 1;
+  for (size_t done = 0; done < count; done += per) fn(offset + done, count - done < per ? count - done : per);
+}
+
+// The algorithms (one file each).
+void ring_allreduce(Context& ctx, const Args& a);
+void ring_reduce_scatter(Context& ctx, const Args& a);
+void ring_allgather(Context& ctx, const Args& a);
+void chain_broadcast(Context& ctx, const Args& a);
+void chain_reduce(Context& ctx, const Args& a);
+void pairwise_alltoall(Context& ctx, const Args& a);
+void dissemination_barrier(Context& ctx, const Args& a);
+
+}  // namespace ringreduce::algorithms

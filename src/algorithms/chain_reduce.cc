@@ -1,0 +1,45 @@
+// Pipelined chain reduce: root+1 -> root+2 -> ... -> root, each rank adding its contribution to a
+// segment and passing it on while the next segment arrives. Every rank sends K bytes once.
+#include <cstring>
+
+#include "algorithms/algorithm.h"
+#include "algorithms/ring_schedule.h"
+
+namespace ringreduce::algorithms {
+
+void chain_reduce(Context& ctx, const Args& a) {
+  const int n = ctx.size;
+  const size_t elem = dtype_size(a.dtype);
+  const char* in = static_cast<const char*>(a.send);
+  char* out = static_cast<char*>(a.recv);
+  if (n == 1) {
+    if (in != out && a.count > 0) std::memmove(out, in, a.count * elem);
+    return;
+  }
+  if (a.count == 0) return;
+  // Position along the chain: the rank after the root starts (0), the root ends (n-1).
+  const int pos = (ctx.rank - a.root - 1 + 2 * n) % n;
+  transport::Reduction step{a.dtype, a.op, 1};
+  transport::Reduction last{a.dtype, a.op, a.op == ReduceOp::avg ? static_cast<uint64_t>(n) : 1};
+  // Ranks in the middle keep partial results in scratch: their output buffer is not theirs to use
+  // (non-root ranks may pass none).
+  char* partial = pos > 0 && pos < n - 1 ? static_cast<char*>(ctx.scratch(a.count * elem)) : nullptr;
+
+  transport::Completion done;
+  for (int ch = 0; ch < ctx.channels; ++ch) {
+    const Range part = split(a.count, static_cast<size_t>(ctx.channels), static_cast<size_t>(ch));
+    for_each_segment(part.offset, part.count, elem, ctx.segment_bytes, [&](size_t off, size_t cnt) {
+      const size_t o = off * elem, bytes = cnt * elem;
+      if (pos == 0)
+        ctx.link(ctx.right(), ch).send(in + o, bytes, &done);
+      else if (pos < n - 1)
+        ctx.link(ctx.left(), ch).recv_reduce_send(partial + o, in + o, bytes, step,
+                                                  ctx.link(ctx.right(), ch), &done);
+      else
+        ctx.link(ctx.left(), ch).recv_reduce(out + o, in + o, bytes, last, &done);
+    });
+  }
+  ctx.wait(done);
+}
+
+}  // namespace ringreduce::algorithms

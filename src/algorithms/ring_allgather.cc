@@ -1,0 +1,45 @@
+// Ring allgather as a collective of its own: the second half of the ring allreduce, rotated
+// (shift -1) so that rank r starts from its own block r.
+#include <cstring>
+
+#include "algorithms/algorithm.h"
+#include "algorithms/ring_schedule.h"
+
+namespace ringreduce::algorithms {
+
+void ring_allgather(Context& ctx, const Args& a) {
+  const size_t elem = dtype_size(a.dtype);
+  const size_t block = a.count;  // elements per rank
+  const size_t block_bytes = block * elem;
+  const char* in = static_cast<const char*>(a.send);
+  char* out = static_cast<char*>(a.recv);
+  const int n = ctx.size, r = ctx.rank;
+  constexpr int kShift = -1;
+  char* mine = out + static_cast<size_t>(r) * block_bytes;
+  if (in != mine && block_bytes > 0) std::memmove(mine, in, block_bytes);
+  if (n == 1) return;
+
+  transport::Completion done;
+  for (int ch = 0; ch < ctx.channels; ++ch) {
+    const Range part = split(block, static_cast<size_t>(ctx.channels), static_cast<size_t>(ch));
+    transport::Link& right = ctx.link(ctx.right(), ch);
+    transport::Link& left = ctx.link(ctx.left(), ch);
+    auto segments = [&](int chunk, auto&& fn) {
+      for_each_segment(static_cast<size_t>(chunk) * block + part.offset, part.count, elem,
+                       ctx.segment_bytes, [&](size_t off, size_t cnt) { fn(off * elem, cnt * elem); });
+    };
+    segments(allgather_step(r, n, 0, kShift).send_chunk,
+             [&](size_t off, size_t bytes) { right.send(out + off, bytes, &done); });
+    for (int t = 0; t < n - 1; ++t) {
+      segments(allgather_step(r, n, t, kShift).recv_chunk, [&](size_t off, size_t bytes) {
+        if (t < n - 2)
+          left.recv_copy_send(out + off, bytes, right, &done);
+        else
+          left.recv(out + off, bytes, &done);
+      });
+    }
+  }
+  ctx.wait(done);
+}
+
+}  // namespace ringreduce::algorithms

@@ -1,0 +1,55 @@
+// Ring reduce-scatter as a collective of its own: the first half of the ring allreduce, with the
+// schedule rotated (shift -1) so that rank r ends with chunk r, as MPI and NCCL define it.
+#include <cstring>
+
+#include "algorithms/algorithm.h"
+#include "algorithms/ring_schedule.h"
+
+namespace ringreduce::algorithms {
+
+void ring_reduce_scatter(Context& ctx, const Args& a) {
+  const size_t elem = dtype_size(a.dtype);
+  const size_t block = a.count;  // elements per rank
+  const char* in = static_cast<const char*>(a.send);
+  char* out = static_cast<char*>(a.recv);
+  const int n = ctx.size, r = ctx.rank;
+  constexpr int kShift = -1;
+  if (n == 1) {
+    if (in != out && block > 0) std::memmove(out, in, block * elem);
+    return;
+  }
+  transport::Reduction step{a.dtype, a.op, 1};
+  transport::Reduction last{a.dtype, a.op, a.op == ReduceOp::avg ? static_cast<uint64_t>(n) : 1};
+  // Partial sums travel through scratch: the output holds only this rank's block, and the input
+  // must not be modified.
+  char* partial = static_cast<char*>(ctx.scratch(static_cast<size_t>(n) * block * elem));
+
+  transport::Completion done;
+  for (int ch = 0; ch < ctx.channels; ++ch) {
+    // Channels split every block the same way, so each channel is a complete smaller ring.
+    const Range part = split(block, static_cast<size_t>(ctx.channels), static_cast<size_t>(ch));
+    transport::Link& right = ctx.link(ctx.right(), ch);
+    transport::Link& left = ctx.link(ctx.left(), ch);
+    auto segments = [&](int chunk, auto&& fn) {
+      for_each_segment(static_cast<size_t>(chunk) * block + part.offset, part.count, elem,
+                       ctx.segment_bytes, [&](size_t off, size_t cnt) { fn(off * elem, cnt * elem); });
+    };
+    segments(reduce_scatter_step(r, n, 0, kShift).send_chunk,
+             [&](size_t off, size_t bytes) { right.send(in + off, bytes, &done); });
+    for (int t = 0; t < n - 1; ++t) {
+      const int chunk = reduce_scatter_step(r, n, t, kShift).recv_chunk;
+      segments(chunk, [&](size_t off, size_t bytes) {
+        if (t < n - 2) {
+          left.recv_reduce_send(partial + off, in + off, bytes, step, right, &done);
+        } else {
+          // chunk == r: the finished block lands in the output.
+          left.recv_reduce(out + off - static_cast<size_t>(chunk) * block * elem, in + off, bytes,
+                           last, &done);
+        }
+      });
+    }
+  }
+  ctx.wait(done);
+}
+
+}  // namespace ringreduce::algorithms

@@ -1,0 +1,185 @@
+// The C ABI: every entry point catches everything, so no exception crosses into C.
+#include "ringreduce/ringreduce.h"
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "ringreduce/communicator.h"
+
+struct rr_comm {
+  std::unique_ptr<ringreduce::Communicator> comm;
+  mutable std::mutex mu;
+  std::string last_error;
+};
+
+struct rr_work {
+  rr_comm* owner;
+  ringreduce::Work work;
+};
+
+namespace {
+
+thread_local std::string t_init_error;
+
+rr_result_t code_of(const ringreduce::Error& e) { return static_cast<rr_result_t>(e.code()); }
+
+// Runs fn, turning any exception into a result code and a message kept in *error.
+template <typename Fn>
+rr_result_t guarded(std::string* error, std::mutex* mu, Fn&& fn) {
+  try {
+    fn();
+    return RR_OK;
+  } catch (const ringreduce::Error& e) {
+    if (mu) {
+      std::lock_guard<std::mutex> lock(*mu);
+      *error = e.what();
+    } else {
+      *error = e.what();
+    }
+    return code_of(e);
+  } catch (const std::exception& e) {
+    if (mu) {
+      std::lock_guard<std::mutex> lock(*mu);
+      *error = e.what();
+    } else {
+      *error = e.what();
+    }
+    return RR_ERR_INTERNAL;
+  } catch (...) {
+    *error = "unknown error";
+    return RR_ERR_INTERNAL;
+  }
+}
+
+#define RR_CHECK_COMM(c) \
+  if ((c) == nullptr) return RR_ERR_INVALID_ARGUMENT
+#define RR_ON(c, body) guarded(&(c)->last_error, &(c)->mu, [&] { body; })
+
+ringreduce::DataType dt(rr_dtype_t t) { return static_cast<ringreduce::DataType>(t); }
+ringreduce::ReduceOp op_of(rr_op_t o) { return static_cast<ringreduce::ReduceOp>(o); }
+
+}  // namespace
+
+extern "C" {
+
+rr_result_t rr_comm_init_from_env(rr_comm_t** out) {
+  if (out == nullptr) return RR_ERR_INVALID_ARGUMENT;
+  *out = nullptr;
+  return guarded(&t_init_error, nullptr, [&] {
+    auto c = std::make_unique<rr_comm>();
+    c->comm = std::make_unique<ringreduce::Communicator>(ringreduce::Communicator::from_env());
+    *out = c.release();
+  });
+}
+
+rr_result_t rr_comm_init(rr_comm_t** out, int rank, int size, const char* addr, const char* token,
+                         double timeout_s) {
+  if (out == nullptr) return RR_ERR_INVALID_ARGUMENT;
+  *out = nullptr;
+  return guarded(&t_init_error, nullptr, [&] {
+    ringreduce::Options o;
+    o.rank = rank;
+    o.world_size = size;
+    if (addr) o.addr = addr;
+    if (token) o.token = token;
+    if (timeout_s > 0) o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+    auto c = std::make_unique<rr_comm>();
+    c->comm = std::make_unique<ringreduce::Communicator>(o);
+    *out = c.release();
+  });
+}
+
+void rr_comm_destroy(rr_comm_t* comm) { delete comm; }
+int rr_comm_rank(const rr_comm_t* comm) { return comm ? comm->comm->rank() : -1; }
+int rr_comm_size(const rr_comm_t* comm) { return comm ? comm->comm->size() : -1; }
+
+rr_result_t rr_comm_abort(rr_comm_t* c, const char* reason) {
+  RR_CHECK_COMM(c);
+  return RR_ON(c, c->comm->abort(reason ? reason : "rr_comm_abort"));
+}
+
+rr_result_t rr_allreduce(rr_comm_t* c, const void* send, void* recv, size_t count, rr_dtype_t dtype,
+                         rr_op_t op) {
+  RR_CHECK_COMM(c);
+  return RR_ON(c, c->comm->allreduce(send, recv, count, dt(dtype), op_of(op)));
+}
+
+rr_result_t rr_reduce_scatter(rr_comm_t* c, const void* send, void* recv, size_t recv_count,
+                              rr_dtype_t dtype, rr_op_t op) {
+  RR_CHECK_COMM(c);
+  return RR_ON(c, c->comm->reduce_scatter(send, recv, recv_count, dt(dtype), op_of(op)));
+}
+
+rr_result_t rr_allgather(rr_comm_t* c, const void* send, void* recv, size_t send_count,
+                         rr_dtype_t dtype) {
+  RR_CHECK_COMM(c);
+  return RR_ON(c, c->comm->allgather(send, recv, send_count, dt(dtype)));
+}
+
+rr_result_t rr_broadcast(rr_comm_t* c, void* buffer, size_t count, rr_dtype_t dtype, int root) {
+  RR_CHECK_COMM(c);
+  return RR_ON(c, c->comm->broadcast(buffer, count, dt(dtype), root));
+}
+
+rr_result_t rr_reduce(rr_comm_t* c, const void* send, void* recv, size_t count, rr_dtype_t dtype,
+                      rr_op_t op, int root) {
+  RR_CHECK_COMM(c);
+  return RR_ON(c, c->comm->reduce(send, recv, count, dt(dtype), op_of(op), root));
+}
+
+rr_result_t rr_alltoall(rr_comm_t* c, const void* send, void* recv, size_t count, rr_dtype_t dtype) {
+  RR_CHECK_COMM(c);
+  return RR_ON(c, c->comm->alltoall(send, recv, count, dt(dtype)));
+}
+
+rr_result_t rr_barrier(rr_comm_t* c) {
+  RR_CHECK_COMM(c);
+  return RR_ON(c, c->comm->barrier());
+}
+
+rr_result_t rr_allreduce_async(rr_comm_t* c, const void* send, void* recv, size_t count,
+                               rr_dtype_t dtype, rr_op_t op, rr_work_t** work) {
+  RR_CHECK_COMM(c);
+  if (work == nullptr) return RR_ERR_INVALID_ARGUMENT;
+  *work = nullptr;
+  return RR_ON(c, {
+    auto w = std::make_unique<rr_work>();
+    w->owner = c;
+    w->work = c->comm->allreduce_async(send, recv, count, dt(dtype), op_of(op));
+    *work = w.release();
+  });
+}
+
+rr_result_t rr_work_wait(rr_work_t* w) {
+  if (w == nullptr) return RR_ERR_INVALID_ARGUMENT;
+  return RR_ON(w->owner, w->work.wait());
+}
+
+rr_result_t rr_work_test(rr_work_t* w, int* done) {
+  if (w == nullptr || done == nullptr) return RR_ERR_INVALID_ARGUMENT;
+  return RR_ON(w->owner, *done = w->work.test() ? 1 : 0);
+}
+
+void rr_work_free(rr_work_t* w) { delete w; }
+
+const char* rr_last_error(const rr_comm_t* c) {
+  if (c == nullptr) return t_init_error.c_str();
+  std::lock_guard<std::mutex> lock(c->mu);
+  return c->last_error.c_str();
+}
+
+const char* rr_strerror(rr_result_t r) {
+  switch (r) {
+    case RR_OK: return "success";
+    case RR_ERR_INTERNAL: return "internal error";
+    case RR_ERR_INVALID_ARGUMENT: return "invalid argument";
+    case RR_ERR_TIMEOUT: return "timeout";
+    case RR_ERR_PEER: return "peer failure";
+    case RR_ERR_MISMATCH: return "mismatched collective";
+    case RR_ERR_ABORTED: return "aborted";
+  }
+  return "unknown result";
+}
+
+}  // extern "C"

@@ -1,0 +1,387 @@
+#include "comm/comm_impl.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "core/log.h"
+#include "rendezvous/launch_env.h"
+#include "rendezvous/tcp_store.h"
+#include "ringreduce/error.h"
+
+namespace ringreduce::detail {
+namespace {
+
+using algorithms::Collective;
+
+// Options fields become overrides of the settings they stand for, so that the one registry
+// resolves every setting the same way.
+std::map<std::string, std::string> overrides_from(const Options& o) {
+  std::map<std::string, std::string> m = o.settings;
+  if (o.rank) m["RINGREDUCE_RANK"] = std::to_string(*o.rank);
+  if (o.world_size) m["RINGREDUCE_WORLD_SIZE"] = std::to_string(*o.world_size);
+  if (o.addr) m["RINGREDUCE_ADDR"] = *o.addr;
+  if (o.token) m["RINGREDUCE_TOKEN"] = *o.token;
+  if (o.timeout) m["RINGREDUCE_TIMEOUT"] = std::to_string(static_cast<double>(o.timeout->count()) / 1000.0);
+  return m;
+}
+
+bool has_root(Collective c) { return c == Collective::broadcast || c == Collective::reduce; }
+bool has_op(Collective c) {
+  return c == Collective::allreduce || c == Collective::reduce_scatter || c == Collective::reduce;
+}
+
+std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
+
+// Rebuilds `e` with `prefix` in front of its message, keeping its type.
+std::exception_ptr with_prefix(const Error& e, const std::string& prefix, const std::string& suffix) {
+  const std::string msg = prefix + e.what() + suffix;
+  switch (e.code()) {
+    case ErrorCode::timeout: return std::make_exception_ptr(TimeoutError(msg));
+    case ErrorCode::peer: {
+      const auto* pe = dynamic_cast<const PeerError*>(&e);
+      return std::make_exception_ptr(PeerError(msg, pe ? pe->peer() : -1));
+    }
+    case ErrorCode::mismatch: return std::make_exception_ptr(MismatchError(msg));
+    case ErrorCode::invalid_argument: return std::make_exception_ptr(InvalidArgument(msg));
+    default: return std::make_exception_ptr(Error(msg, e.code()));
+  }
+}
+
+}  // namespace
+
+CommImpl::CommImpl(const Options& options) : config_(overrides_from(options)) {
+  if (auto it = options.settings.find("RINGREDUCE_DEBUG"); it != options.settings.end()) {
+    core::LogLevel level;
+    if (core::parse_log_level(it->second, &level)) core::set_log_level(level);
+  }
+  const double timeout_s = config_.number("RINGREDUCE_TIMEOUT");
+  if (!(timeout_s > 0)) throw InvalidArgument("RINGREDUCE_TIMEOUT must be > 0 seconds");
+  timeout_ = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  const auto deadline = core::Deadline::after(timeout_);
+
+  std::string store_host;
+  int local_size = -1;
+  if (options.store) {
+    // In-process: rank and size must be given; no launcher, no TCP store.
+    if (!options.rank || !options.world_size)
+      throw InvalidArgument("Options with a store need rank and world_size");
+    rank_ = *options.rank;
+    size_ = *options.world_size;
+    if (size_ < 1 || rank_ < 0 || rank_ >= size_)
+      throw InvalidArgument("rank " + std::to_string(rank_) + " is outside a world of " +
+                            std::to_string(size_));
+    store_ = std::make_shared<PrefixStore>(options.store, options.store_prefix);
+    store_host = "127.0.0.1";
+    local_size = size_;
+  } else {
+    rendezvous::LaunchInfo launch = rendezvous::detect_launch(config_);
+    rank_ = launch.rank;
+    size_ = launch.world_size;
+    local_size = launch.local_size;
+    if (launch.store_host.empty() || launch.store_port <= 0)
+      throw InvalidArgument("rank " + std::to_string(rank_) +
+                            ": no rendezvous address: set RINGREDUCE_ADDR=host:port (or MASTER_ADDR "
+                            "and MASTER_PORT) to the address of rank 0's host");
+    store_host = launch.store_host;
+    if (rank_ == 0 && config_.str("RINGREDUCE_STORE_SERVER") != "0") {
+      // Rank 0 hosts the store on the address it was given, so it is reachable where the others
+      // will look for it.
+      store_server_ = std::make_unique<rendezvous::TcpStoreServer>(launch.store_host, launch.store_port);
+    }
+    auto tcp = rendezvous::connect_tcp_store(launch.store_host, launch.store_port, timeout_);
+    store_ = std::make_shared<PrefixStore>(tcp, options.store_prefix);
+    RR_LOG(info, rank_, "launched by ", launch.launcher, " as rank ", rank_, " of ", size_,
+           "; store at ", launch.store_host, ":", launch.store_port);
+  }
+  if (core::log_enabled(core::LogLevel::info) && rank_ == 0)
+    RR_LOG(info, rank_, "settings:\n", config_.dump());
+
+  // A fresh id per communicator: a connection from another job, or from an earlier communicator
+  // on the same ports, is refused at its hello.
+  uint64_t comm_id = 0;
+  if (rank_ == 0) {
+    std::random_device rd;
+    comm_id = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(getpid());
+    store_->set("comm_id", to_bytes(std::to_string(comm_id)));
+  } else {
+    auto v = store_->get("comm_id", timeout_);
+    comm_id = std::stoull(std::string(v.begin(), v.end()));
+  }
+
+  transport::tcp::TcpOptions topts;
+  topts.rank = rank_;
+  topts.size = size_;
+  topts.comm_id = comm_id;
+  const int64_t channels = config_.integer("RINGREDUCE_CHANNELS");
+  if (channels < 1 || channels > 64) throw InvalidArgument("RINGREDUCE_CHANNELS must be 1..64");
+  topts.channels = static_cast<int>(channels);
+  topts.socket_buffer = static_cast<int>(config_.size("RINGREDUCE_SOCKET_BUFFER"));
+  // More ranks than cores on this host: polling steals the core from the rank that would
+  // produce the data, so poll briefly and yield while doing it.
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  const bool oversubscribed = local_size > 0 && cores > 0 && local_size > cores;
+  topts.yield_while_spinning = oversubscribed;
+  topts.spin_us = config_.has("RINGREDUCE_SPIN_US") ? static_cast<int>(config_.integer("RINGREDUCE_SPIN_US"))
+                                                    : (oversubscribed ? 20 : 50);
+  topts.store_host = store_host;
+  transport_ = std::make_unique<transport::tcp::TcpTransport>(topts, config_, *store_, deadline);
+  transport_->set_describer([this](const transport::OpTag& t) { return describe(t); });
+  tuner_ = std::make_unique<tuner::Tuner>(config_, size_, topts.channels);
+  RR_LOG(info, rank_, "communicator ready: ", size_, " ranks");
+}
+
+CommImpl::~CommImpl() {
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    stop_ = true;
+    // Ops nobody will run any more fail; a running one is interrupted.
+    auto err = std::make_exception_ptr(
+        Error("rank " + std::to_string(rank_) + ": communicator destroyed", ErrorCode::aborted));
+    for (auto& op : queue_) {
+      if (driving_ && op == queue_.front()) continue;
+      op->error = err;
+      op->finished.store(true);
+    }
+    if (driving_) transport_->interrupt("communicator destroyed");
+    cv_.notify_all();
+  }
+  if (progress_thread_.joinable()) progress_thread_.join();
+}
+
+std::string CommImpl::describe(const transport::OpTag& t) const {
+  const auto kind = static_cast<Collective>(t.kind);
+  std::ostringstream s;
+  s << algorithms::collective_name(kind) << " #" << t.seq;
+  if (kind != Collective::barrier) {
+    s << " (" << dtype_name(static_cast<DataType>(t.dtype)) << " x " << t.count;
+    if (has_op(kind)) s << ", " << op_name(static_cast<ReduceOp>(t.op));
+    if (has_root(kind)) s << ", root " << t.root;
+    s << ")";
+  }
+  return s.str();
+}
+
+void CommImpl::validate(const algorithms::Args& a, const std::string& d) const {
+  auto bad = [&](const std::string& why) {
+    throw InvalidArgument("rank " + std::to_string(rank_) + ": " + d + ": " + why);
+  };
+  if (static_cast<int>(a.dtype) >= kNumDataTypes) bad("unknown data type");
+  if (static_cast<int>(a.op) >= kNumReduceOps) bad("unknown reduce op");
+  if (has_root(a.kind) && (a.root < 0 || a.root >= size_))
+    bad("root " + std::to_string(a.root) + " is not a rank of this communicator (0.." +
+        std::to_string(size_ - 1) + ")");
+  const size_t elem = dtype_size(a.dtype);
+  if (a.count > (SIZE_MAX / elem) / static_cast<size_t>(size_)) bad("count is too large");
+  if (a.count > 0 && a.kind != Collective::barrier) {
+    const bool needs_send = a.kind != Collective::broadcast || a.root == rank_;
+    const bool needs_recv = a.kind != Collective::reduce || a.root == rank_;
+    if (needs_send && a.send == nullptr) bad("send buffer is null");
+    if (needs_recv && a.recv == nullptr) bad("receive buffer is null");
+  }
+  if (a.kind == Collective::alltoall && size_ > 1 && a.count > 0 && a.send == a.recv)
+    bad("alltoall cannot run in place (send and receive buffers are the same)");
+}
+
+std::shared_ptr<OpState> CommImpl::submit(const algorithms::Args& args, const CallOptions& call,
+                                          bool async) {
+  auto op = std::make_shared<OpState>();
+  op->args = args;
+  op->async = async;
+  op->comm = this;
+  op->timeout = call.timeout.value_or(timeout_);
+  op->plan = tuner_->choose(args);
+  auto& t = op->tag;
+  t.count = args.count;
+  t.kind = static_cast<uint8_t>(args.kind);
+  t.dtype = static_cast<uint8_t>(args.dtype);
+  t.op = has_op(args.kind) ? static_cast<uint8_t>(args.op) : 0;
+  t.root = has_root(args.kind) ? args.root : -1;
+  t.algo = op->plan.algorithm->id;
+  t.segment_bytes = op->plan.segment_bytes;
+  t.channels = static_cast<uint16_t>(op->plan.channels);
+
+  std::unique_lock<std::mutex> lk(mu_);
+  t.seq = next_seq_++;
+  op->description = describe(t);
+  try {
+    validate(args, op->description);
+  } catch (...) {
+    // A bad argument fails this call only, and the call is not issued: the sequence numbers stay
+    // aligned with the other ranks, whose matching call then reports a mismatch naming this rank
+    // or times out.
+    --next_seq_;
+    op->error = std::current_exception();
+    op->finished.store(true);
+    return op;
+  }
+  if (aborted_.load()) {
+    op->error = abort_error_;
+    op->finished.store(true);
+    return op;
+  }
+  queue_.push_back(op);
+  if (async) {
+    if (!progress_thread_.joinable()) progress_thread_ = std::thread([this] { progress_loop(); });
+    cv_.notify_all();
+  }
+  return op;
+}
+
+bool CommImpl::wait(OpState& op, std::optional<std::chrono::milliseconds> timeout) {
+  const auto until = timeout ? core::Clock::now() + *timeout : core::Clock::time_point::max();
+  std::unique_lock<std::mutex> lk(mu_);
+  for (;;) {
+    if (op.finished.load()) {
+      if (op.error) std::rethrow_exception(op.error);
+      return true;
+    }
+    // A bounded wait must not start running an op it cannot stop; it leaves that to the progress
+    // thread.
+    if (!driving_ && !timeout) {
+      driving_ = true;
+      lk.unlock();
+      drive(&op);
+      lk.lock();
+      driving_ = false;
+      cv_.notify_all();
+      continue;
+    }
+    if (!driving_ && timeout && !progress_thread_.joinable())
+      progress_thread_ = std::thread([this] { progress_loop(); });
+    if (timeout) {
+      cv_.notify_all();  // make sure the progress thread looks at the queue
+      if (cv_.wait_until(lk, until) == std::cv_status::timeout && !op.finished.load()) return false;
+    } else {
+      cv_.wait(lk);
+    }
+  }
+}
+
+void CommImpl::drive(OpState* target) {
+  for (;;) {
+    std::shared_ptr<OpState> op;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (target && target->finished.load()) return;
+      if (queue_.empty() || stop_) return;
+      op = queue_.front();
+      if (!target && !op->async) return;  // its caller drives it
+    }
+    run(*op);
+  }
+}
+
+void CommImpl::run(OpState& op) {
+  std::exception_ptr error;
+  if (aborted_.load()) {
+    std::lock_guard<std::mutex> lk(mu_);
+    error = abort_error_;
+  } else {
+    const std::string prefix = "rank " + std::to_string(rank_) + ": " + op.description + ": ";
+    try {
+      transport_->begin_op(op.tag);
+      algorithms::Context ctx{*transport_,
+                              rank_,
+                              size_,
+                              core::Deadline::after(op.timeout),
+                              op.plan.segment_bytes,
+                              op.plan.channels,
+                              [this](size_t bytes) { return scratch(bytes); }};
+      op.plan.algorithm->run(ctx, op.args);
+    } catch (const Error& e) {
+      std::string suffix;
+      if (e.code() == ErrorCode::timeout) {
+        std::ostringstream s;
+        s << " (timeout " << static_cast<double>(op.timeout.count()) / 1000.0 << " s)";
+        suffix = s.str();
+      }
+      error = with_prefix(e, prefix, suffix);
+    } catch (const std::exception& e) {
+      error = std::make_exception_ptr(Error(prefix + e.what()));
+    }
+    if (error) {
+      // After a failure the links are in an unknown state: fail the communicator for good, and
+      // tell the peers why so that they report this cause rather than a closed connection.
+      std::string what;
+      int code = static_cast<int>(ErrorCode::internal);
+      try {
+        std::rethrow_exception(error);
+      } catch (const Error& e) {
+        what = e.what();
+        code = static_cast<int>(e.code());
+      }
+      RR_LOG(warn, rank_, what);
+      transport_->abort(code, what);
+      std::lock_guard<std::mutex> lk(mu_);
+      if (!abort_error_) abort_error_ = error;
+      aborted_.store(true);
+    }
+  }
+  finish(op, error);
+}
+
+void CommImpl::finish(OpState& op, std::exception_ptr error) {
+  std::lock_guard<std::mutex> lk(mu_);
+  op.error = error;
+  op.finished.store(true);
+  if (!queue_.empty() && queue_.front().get() == &op) queue_.pop_front();
+  cv_.notify_all();
+}
+
+void CommImpl::progress_loop() {
+  std::unique_lock<std::mutex> lk(mu_);
+  while (!stop_) {
+    if (!driving_ && !queue_.empty() && queue_.front()->async) {
+      driving_ = true;
+      lk.unlock();
+      drive(nullptr);
+      lk.lock();
+      driving_ = false;
+      cv_.notify_all();
+      continue;
+    }
+    cv_.wait(lk);
+  }
+}
+
+void CommImpl::abort(const std::string& reason) {
+  const std::string msg = "rank " + std::to_string(rank_) + ": aborted: " + reason;
+  std::unique_lock<std::mutex> lk(mu_);
+  if (aborted_.load()) return;
+  abort_error_ = std::make_exception_ptr(Error(msg, ErrorCode::aborted));
+  aborted_.store(true);
+  // Queued ops that have not started fail now; the running one is interrupted and fails when
+  // its driver notices (the transport wakes it).
+  std::shared_ptr<OpState> running = driving_ && !queue_.empty() ? queue_.front() : nullptr;
+  for (auto& op : queue_) {
+    if (op == running) continue;
+    op->error = abort_error_;
+    op->finished.store(true);
+  }
+  queue_.clear();
+  if (running) queue_.push_back(running);
+  if (driving_) {
+    transport_->interrupt(msg);
+  } else {
+    driving_ = true;
+    lk.unlock();
+    transport_->abort(static_cast<int>(ErrorCode::aborted), msg);
+    lk.lock();
+    driving_ = false;
+  }
+  cv_.notify_all();
+}
+
+void* CommImpl::scratch(size_t bytes) {
+  if (bytes > scratch_bytes_) {
+    scratch_ = std::make_unique_for_overwrite<char[]>(bytes);
+    scratch_bytes_ = bytes;
+  }
+  return scratch_.get();
+}
+
+}  // namespace ringreduce::detail

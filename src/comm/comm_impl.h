@@ -1,0 +1,93 @@
+// The communicator's machinery: op queue, progress driving, error handling.
+//
+// Progress is driven by whichever thread waits. A blocking call runs its op in the calling thread
+// (no hand-off to another thread, which on a machine whose idle cores halt would cost tens of µs
+// per wake-up). Async ops are run by a progress thread, started on the first async call, while the
+// caller computes; if the caller waits on one and no thread is driving, it drives itself.
+// Exactly one thread drives at a time (`driving_`), and ops run strictly in issue order.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "algorithms/algorithm.h"
+#include "core/config.h"
+#include "ringreduce/communicator.h"
+#include "ringreduce/store.h"
+#include "transport/tcp/tcp_transport.h"
+#include "tuner/tuner.h"
+
+namespace ringreduce::rendezvous {
+class TcpStoreServer;
+}
+
+namespace ringreduce::detail {
+
+struct OpState {
+  algorithms::Args args;
+  tuner::Plan plan;
+  transport::OpTag tag;
+  std::chrono::milliseconds timeout{0};
+  std::string description;  // "allreduce #5 (float x 100, sum)"
+  bool async = false;
+  CommImpl* comm = nullptr;
+  // Guarded by CommImpl::mu_; `finished` may be read without it.
+  std::atomic<bool> finished{false};
+  std::exception_ptr error;
+};
+
+class CommImpl {
+ public:
+  explicit CommImpl(const Options& options);
+  ~CommImpl();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  std::shared_ptr<OpState> submit(const algorithms::Args& args, const CallOptions& call, bool async);
+  // Waits for op; with a timeout, returns false if it has not finished by then.
+  bool wait(OpState& op, std::optional<std::chrono::milliseconds> timeout);
+  void abort(const std::string& reason);
+
+  static Work make_work(std::shared_ptr<OpState> s) { return Work(std::move(s)); }
+
+ private:
+  void validate(const algorithms::Args& args, const std::string& description) const;
+  std::string describe(const transport::OpTag& tag) const;
+  // Runs queued ops in order until `target` has finished (or, for the progress thread with
+  // target == nullptr, until the head of the queue is a blocking op or the queue is empty).
+  void drive(OpState* target);
+  void run(OpState& op);
+  void finish(OpState& op, std::exception_ptr error);
+  void progress_loop();
+  void* scratch(size_t bytes);
+
+  core::Config config_;
+  int rank_ = 0;
+  int size_ = 1;
+  std::chrono::milliseconds timeout_{300000};
+  std::unique_ptr<rendezvous::TcpStoreServer> store_server_;
+  std::shared_ptr<Store> store_;
+  std::unique_ptr<transport::tcp::TcpTransport> transport_;
+  std::unique_ptr<tuner::Tuner> tuner_;
+  std::unique_ptr<char[]> scratch_;
+  size_t scratch_bytes_ = 0;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<OpState>> queue_;
+  uint64_t next_seq_ = 1;
+  bool driving_ = false;
+  bool stop_ = false;
+  std::thread progress_thread_;
+  std::atomic<bool> aborted_{false};
+  std::exception_ptr abort_error_;  // guarded by mu_
+};
+
+}  // namespace ringreduce::detail

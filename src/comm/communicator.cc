@@ -1,0 +1,153 @@
+// The public API: thin wrappers that turn calls into ops for CommImpl.
+#include "ringreduce/communicator.h"
+
+#include "comm/comm_impl.h"
+
+namespace ringreduce {
+
+using algorithms::Args;
+using algorithms::Collective;
+
+// ---- Work ------------------------------------------------------------------------------------
+
+void Work::wait() {
+  if (!state_) throw InvalidArgument("wait() on an empty Work");
+  state_->comm->wait(*state_, std::nullopt);
+}
+
+bool Work::wait(std::chrono::milliseconds timeout) {
+  if (!state_) throw InvalidArgument("wait() on an empty Work");
+  if (state_->finished.load()) {
+    if (state_->error) std::rethrow_exception(state_->error);
+    return true;
+  }
+  return state_->comm->wait(*state_, timeout);
+}
+
+bool Work::test() { return wait(std::chrono::milliseconds(0)); }
+
+std::string Work::algorithm() const {
+  if (!state_ || !state_->plan.algorithm) return "";
+  const size_t seg = state_->plan.segment_bytes;
+  std::string s = std::string(state_->plan.algorithm->name) + " seg=";
+  s += seg % 1024 == 0 ? std::to_string(seg / 1024) + "K" : std::to_string(seg);
+  return s + " ch=" + std::to_string(state_->plan.channels);
+}
+
+// ---- Communicator ----------------------------------------------------------------------------
+
+Communicator Communicator::from_env(const Options& options) { return Communicator(options); }
+
+Communicator::Communicator(const Options& options)
+    : impl_(std::make_unique<detail::CommImpl>(options)) {}
+Communicator::Communicator(std::unique_ptr<detail::CommImpl> impl) : impl_(std::move(impl)) {}
+Communicator::~Communicator() = default;
+Communicator::Communicator(Communicator&&) noexcept = default;
+Communicator& Communicator::operator=(Communicator&&) noexcept = default;
+
+int Communicator::rank() const { return impl_->rank(); }
+int Communicator::size() const { return impl_->size(); }
+void Communicator::abort(const std::string& reason) { impl_->abort(reason); }
+
+void Communicator::check_same_size(size_t a, size_t b, const char* call) const {
+  if (a != b)
+    throw InvalidArgument("rank " + std::to_string(rank()) + ": " + call +
+                          ": send and receive spans do not match (" + std::to_string(a) + " vs " +
+                          std::to_string(b) + " elements)");
+}
+
+namespace {
+Args make(Collective kind, const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+          int root) {
+  Args a;
+  a.kind = kind;
+  a.send = send;
+  a.recv = recv;
+  a.count = count;
+  a.dtype = dtype;
+  a.op = op;
+  a.root = root;
+  return a;
+}
+}  // namespace
+
+#define RR_SUBMIT(args, call, async) detail::CommImpl::make_work(impl_->submit(args, call, async))
+
+Work Communicator::allreduce_async(const void* send, void* recv, size_t count, DataType dtype,
+                                   ReduceOp op, const CallOptions& call) {
+  return RR_SUBMIT(make(Collective::allreduce, send, recv, count, dtype, op, 0), call, true);
+}
+Work Communicator::reduce_scatter_async(const void* send, void* recv, size_t recv_count,
+                                        DataType dtype, ReduceOp op, const CallOptions& call) {
+  return RR_SUBMIT(make(Collective::reduce_scatter, send, recv, recv_count, dtype, op, 0), call, true);
+}
+Work Communicator::allgather_async(const void* send, void* recv, size_t send_count, DataType dtype,
+                                   const CallOptions& call) {
+  return RR_SUBMIT(make(Collective::allgather, send, recv, send_count, dtype, ReduceOp::sum, 0), call,
+                   true);
+}
+Work Communicator::broadcast_async(void* buffer, size_t count, DataType dtype, int root,
+                                   const CallOptions& call) {
+  return RR_SUBMIT(make(Collective::broadcast, buffer, buffer, count, dtype, ReduceOp::sum, root),
+                   call, true);
+}
+Work Communicator::broadcast_async(const void* send, void* recv, size_t count, DataType dtype,
+                                   int root, const CallOptions& call) {
+  return RR_SUBMIT(make(Collective::broadcast, send, recv, count, dtype, ReduceOp::sum, root), call,
+                   true);
+}
+Work Communicator::reduce_async(const void* send, void* recv, size_t count, DataType dtype,
+                                ReduceOp op, int root, const CallOptions& call) {
+  return RR_SUBMIT(make(Collective::reduce, send, recv, count, dtype, op, root), call, true);
+}
+Work Communicator::alltoall_async(const void* send, void* recv, size_t count, DataType dtype,
+                                  const CallOptions& call) {
+  return RR_SUBMIT(make(Collective::alltoall, send, recv, count, dtype, ReduceOp::sum, 0), call, true);
+}
+Work Communicator::barrier_async(const CallOptions& call) {
+  return RR_SUBMIT(make(Collective::barrier, nullptr, nullptr, 0, DataType::u8, ReduceOp::sum, 0),
+                   call, true);
+}
+
+// Blocking calls are submitted as such: their caller drives them, with no thread hand-off.
+void Communicator::allreduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                             const CallOptions& call) {
+  RR_SUBMIT(make(Collective::allreduce, send, recv, count, dtype, op, 0), call, false).wait();
+}
+void Communicator::reduce_scatter(const void* send, void* recv, size_t recv_count, DataType dtype,
+                                  ReduceOp op, const CallOptions& call) {
+  RR_SUBMIT(make(Collective::reduce_scatter, send, recv, recv_count, dtype, op, 0), call, false).wait();
+}
+void Communicator::allgather(const void* send, void* recv, size_t send_count, DataType dtype,
+                             const CallOptions& call) {
+  RR_SUBMIT(make(Collective::allgather, send, recv, send_count, dtype, ReduceOp::sum, 0), call, false)
+      .wait();
+}
+void Communicator::broadcast(void* buffer, size_t count, DataType dtype, int root,
+                             const CallOptions& call) {
+  RR_SUBMIT(make(Collective::broadcast, buffer, buffer, count, dtype, ReduceOp::sum, root), call,
+            false)
+      .wait();
+}
+void Communicator::broadcast(const void* send, void* recv, size_t count, DataType dtype, int root,
+                             const CallOptions& call) {
+  RR_SUBMIT(make(Collective::broadcast, send, recv, count, dtype, ReduceOp::sum, root), call, false)
+      .wait();
+}
+void Communicator::reduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                          int root, const CallOptions& call) {
+  RR_SUBMIT(make(Collective::reduce, send, recv, count, dtype, op, root), call, false).wait();
+}
+void Communicator::alltoall(const void* send, void* recv, size_t count, DataType dtype,
+                            const CallOptions& call) {
+  RR_SUBMIT(make(Collective::alltoall, send, recv, count, dtype, ReduceOp::sum, 0), call, false).wait();
+}
+void Communicator::barrier(const CallOptions& call) {
+  RR_SUBMIT(make(Collective::barrier, nullptr, nullptr, 0, DataType::u8, ReduceOp::sum, 0), call,
+            false)
+      .wait();
+}
+
+#undef RR_SUBMIT
+
+}  // namespace ringreduce

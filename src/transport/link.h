@@ -1,0 +1,99 @@
+// The transport contract: links between ranks that move bytes, and nothing else.
+//
+// Algorithms are written against the non-blocking primitives of Link (DESIGN.md "Transport
+// primitives"). Each primitive is posted, not performed: it is queued on the link and finished by
+// the transport's progress engine while the algorithm waits on a Completion. Posting never
+// blocks. Per link, sends complete in the order they were posted and receives match the peer's
+// sends in order, so two ranks running the same schedule agree on every message without tags.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/deadline.h"
+#include "ringreduce/types.h"
+
+namespace ringreduce::transport {
+
+// Counts posted primitives that have not finished yet. Owned by the algorithm (usually on its
+// stack); the transport decrements it. One Completion may cover any number of primitives.
+struct Completion {
+  size_t outstanding = 0;
+  bool done() const { return outstanding == 0; }
+};
+
+// What a receive combines with: dst = local (op) incoming, then dst /= divide_by when > 1
+// (ReduceOp::avg divides once, on the step that completes the reduction).
+struct Reduction {
+  DataType dtype = DataType::f32;
+  ReduceOp op = ReduceOp::sum;
+  uint64_t divide_by = 1;
+};
+
+// Identifies the op a message belongs to. Every message carries the sender's tag and every
+// receive checks it against its own, so ranks that issued different calls get a MismatchError
+// naming both calls on the first message instead of exchanging garbage. The transport treats the
+// tag as opaque bytes; comm/ fills it in and describes it.
+struct OpTag {
+  uint64_t seq = 0;
+  uint64_t count = 0;
+  uint64_t segment_bytes = 0;
+  int32_t root = -1;
+  uint8_t kind = 0;
+  uint8_t dtype = 0;
+  uint8_t op = 0;
+  uint8_t algo = 0;
+  uint16_t channels = 0;
+  uint16_t reserved0 = 0;
+  uint32_t reserved1 = 0;
+  uint64_t reserved2 = 0;
+  bool operator==(const OpTag&) const = default;
+};
+static_assert(sizeof(OpTag) == 48, "OpTag is part of the wire format");
+
+class Link {
+ public:
+  virtual ~Link() = default;
+  virtual int peer() const = 0;
+
+  // Sends bytes from src; src must stay valid and unchanged until c is done.
+  virtual void send(const void* src, size_t bytes, Completion* c) = 0;
+  // Receives exactly bytes into dst.
+  virtual void recv(void* dst, size_t bytes, Completion* c) = 0;
+  // dst = local (op) incoming; dst may equal local.
+  virtual void recv_reduce(void* dst, const void* local, size_t bytes, const Reduction& r,
+                           Completion* c) = 0;
+  // dst = local (op) incoming, then dst is sent on next (after everything already posted there).
+  // c counts once and is done when the forward has been sent.
+  virtual void recv_reduce_send(void* dst, const void* local, size_t bytes, const Reduction& r,
+                                Link& next, Completion* c) = 0;
+  // Receives into dst, then sends dst on next.
+  virtual void recv_copy_send(void* dst, size_t bytes, Link& next, Completion* c) = 0;
+};
+
+// The set of links of one communicator and the engine that progresses them.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual int channels() const = 0;
+  virtual Link& link(int peer, int channel) = 0;
+
+  // Sets the tag every message carries and every receive expects from now on.
+  virtual void begin_op(const OpTag& tag) = 0;
+  // Drives progress until c is done. Throws PeerError (a peer closed, reset, or sent something
+  // unreadable or an abort notice), MismatchError (tag mismatch), TimeoutError (deadline; names
+  // the peer waited on) or Error (aborted). After a throw the transport is unusable: call abort().
+  virtual void wait(Completion& c, const core::Deadline& deadline) = 0;
+  // Fails the transport: drops every queued primitive (so no user buffer is touched afterwards)
+  // and tells the peers why (best effort, never blocking), so that they fail with this reason
+  // instead of a bare closed connection. Called by the thread that drives progress, never
+  // concurrently with wait(). Idempotent.
+  virtual void abort(int code, const std::string& reason) = 0;
+  // Thread-safe: makes a wait() in progress (or the next one) throw Error(reason) promptly.
+  virtual void interrupt(const std::string& reason) = 0;
+};
+
+}  // namespace ringreduce::transport

@@ -1,0 +1,334 @@
+#include "transport/tcp/tcp_link.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/log.h"
+#include "reduce/reduce.h"
+#include "ringreduce/error.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace ringreduce::transport::tcp {
+namespace {
+
+// Inbox size: large enough that one recv() moves a good slice of a segment, small enough to stay
+// in L2 so the reduction reads the incoming bytes from cache.
+constexpr size_t kInboxBytes = 256 << 10;
+// Work budget per readiness event, so that one busy link does not starve the others.
+constexpr size_t kIoBudget = 4 << 20;
+// Payloads at least this big are read straight into the destination when the inbox is empty.
+constexpr size_t kDirectReadMin = 16 << 10;
+constexpr int kMaxIov = 64;
+
+}  // namespace
+
+TcpLink::TcpLink(TcpTransport* owner, int peer, int channel, core::Fd fd)
+    : owner_(owner), peer_(peer), channel_(channel), fd_(std::move(fd)) {}
+
+void TcpLink::peer_failed(const std::string& what, int err) {
+  std::string msg = "peer rank " + std::to_string(peer_) + " " + what;
+  if (err != 0) msg += std::string(" (") + strerror(err) + ")";
+  throw PeerError(msg, peer_);
+}
+
+uint32_t TcpLink::wanted_events() const {
+  if (failed_ || closed_by_peer_) return 0;
+  uint32_t ev = 0;
+  // Keep reading while the inbox has room: that is how an abort notice from the peer is seen even
+  // when no receive is posted. A full inbox with nothing to drain it waits for a post.
+  if (inbox_end_ < kInboxBytes || inbox_begin_ > 0 || !recvs_.empty()) ev |= EPOLLIN;
+  if (!sends_.empty()) ev |= EPOLLOUT;
+  return ev;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sending
+
+void TcpLink::enqueue_send(const void* src, size_t bytes, Completion* c) {
+  SendOp op;
+  op.header.channel = static_cast<uint16_t>(channel_);
+  op.header.payload_bytes = bytes;
+  op.header.tag = owner_->tag();
+  op.data = static_cast<const char*>(src);
+  op.bytes = bytes;
+  op.written = 0;
+  op.c = c;
+  if (c) ++c->outstanding;
+  const bool was_idle = sends_.empty();
+  sends_.push_back(op);
+  // Eager: an idle socket usually has room, and writing now saves an epoll round trip.
+  if (was_idle) on_writable();
+  owner_->update_interest(*this);
+}
+
+void TcpLink::send(const void* src, size_t bytes, Completion* c) {
+  if (failed_) throw Error("send on a failed link to rank " + std::to_string(peer_));
+  enqueue_send(src, bytes, c);
+}
+
+void TcpLink::on_writable() {
+  size_t budget = kIoBudget;
+  while (!sends_.empty() && budget > 0) {
+    // Gather as many queued frames as fit in one sendmsg: small messages then cost one syscall
+    // for many frames.
+    iovec iov[kMaxIov];
+    int n = 0;
+    size_t total = 0;
+    for (auto it = sends_.begin(); it != sends_.end() && n + 2 <= kMaxIov && total < budget; ++it) {
+      size_t hdr = sizeof(FrameHeader);
+      if (it->written < hdr) {
+        iov[n++] = {reinterpret_cast<char*>(&it->header) + it->written, hdr - it->written};
+        total += hdr - it->written;
+        if (it->bytes > 0) {
+          iov[n++] = {const_cast<char*>(it->data), it->bytes};
+          total += it->bytes;
+        }
+      } else {
+        size_t off = it->written - hdr;
+        iov[n++] = {const_cast<char*>(it->data) + off, it->bytes - off};
+        total += it->bytes - off;
+      }
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(n);
+    ssize_t w = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      peer_failed("closed the connection", errno);
+    }
+    size_t left = static_cast<size_t>(w);
+    budget -= std::min(budget, left);
+    while (left > 0 && !sends_.empty()) {
+      SendOp& op = sends_.front();
+      size_t frame = sizeof(FrameHeader) + op.bytes;
+      size_t take = std::min(left, frame - op.written);
+      op.written += take;
+      left -= take;
+      if (op.written == frame) {
+        if (op.c) --op.c->outstanding;
+        sends_.pop_front();
+      }
+    }
+    // Zero-length frames (barrier tokens) are only headers; anything else is handled above.
+    if (static_cast<size_t>(w) < total) break;  // socket full
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Receiving
+
+void TcpLink::post_recv(RecvOp op) {
+  if (failed_) throw Error("receive on a failed link to rank " + std::to_string(peer_));
+  ++op.c->outstanding;
+  recvs_.push_back(op);
+  // What already sits in the inbox may complete it without a syscall.
+  if (recvs_.size() == 1) drain_inbox();
+  if (closed_by_peer_ && !recvs_.empty()) peer_failed("closed the connection", closed_errno_);
+  owner_->update_interest(*this);
+}
+
+void TcpLink::recv(void* dst, size_t bytes, Completion* c) {
+  post_recv({RecvKind::plain, static_cast<char*>(dst), nullptr, bytes, 0, {}, nullptr, c});
+}
+
+void TcpLink::recv_reduce(void* dst, const void* local, size_t bytes, const Reduction& r,
+                          Completion* c) {
+  post_recv({RecvKind::reduce, static_cast<char*>(dst), static_cast<const char*>(local), bytes, 0,
+             r, nullptr, c});
+}
+
+void TcpLink::recv_reduce_send(void* dst, const void* local, size_t bytes, const Reduction& r,
+                               Link& next, Completion* c) {
+  post_recv({RecvKind::reduce_send, static_cast<char*>(dst), static_cast<const char*>(local),
+             bytes, 0, r, &static_cast<TcpLink&>(next), c});
+}
+
+void TcpLink::recv_copy_send(void* dst, size_t bytes, Link& next, Completion* c) {
+  post_recv({RecvKind::copy_send, static_cast<char*>(dst), nullptr, bytes, 0, {},
+             &static_cast<TcpLink&>(next), c});
+}
+
+void TcpLink::finish_recv() {
+  RecvOp op = recvs_.front();
+  recvs_.pop_front();
+  in_header_ready_ = false;
+  in_header_checked_ = false;
+  if (op.kind == RecvKind::copy_send || op.kind == RecvKind::reduce_send) {
+    // The completion now waits for the forward instead: hand the count over to the send.
+    op.next->enqueue_send(op.dst, op.bytes, op.c);
+  }
+  --op.c->outstanding;
+}
+
+void TcpLink::drain_inbox() {
+  for (;;) {
+    size_t avail = inbox_end_ - inbox_begin_;
+    if (!in_header_ready_) {
+      if (avail < sizeof(FrameHeader)) return;
+      std::memcpy(&in_header_, inbox_.get() + inbox_begin_, sizeof(FrameHeader));
+      inbox_begin_ += sizeof(FrameHeader);
+      avail -= sizeof(FrameHeader);
+      in_header_ready_ = true;
+      if (in_header_.magic != kFrameMagic) peer_failed("sent a corrupt frame (bad magic)");
+      if (in_header_.type == kFrameAbort) {
+        if (in_header_.payload_bytes < 4 || in_header_.payload_bytes > kMaxAbortPayload)
+          peer_failed("sent a corrupt abort notice");
+      } else if (in_header_.type != kFrameData) {
+        peer_failed("sent a frame of unknown type " + std::to_string(in_header_.type));
+      }
+    }
+    if (in_header_.type == kFrameAbort) {
+      if (avail < in_header_.payload_bytes) {
+        // Make room so the whole notice fits.
+        if (inbox_begin_ > 0) {
+          std::memmove(inbox_.get(), inbox_.get() + inbox_begin_, avail);
+          inbox_begin_ = 0;
+          inbox_end_ = avail;
+        }
+        return;
+      }
+      int32_t code;
+      std::memcpy(&code, inbox_.get() + inbox_begin_, 4);
+      std::string reason(inbox_.get() + inbox_begin_ + 4, in_header_.payload_bytes - 4);
+      std::string msg = "rank " + std::to_string(peer_) + " aborted: " + reason;
+      if (code == static_cast<int>(ErrorCode::mismatch)) throw MismatchError(msg);
+      throw PeerError(msg, peer_);
+    }
+    if (recvs_.empty()) return;
+    RecvOp& op = recvs_.front();
+    if (!in_header_checked_) {
+      if (!(in_header_.tag == owner_->tag()))
+        throw MismatchError("mismatched call: rank " + std::to_string(peer_) + " issued " +
+                            owner_->describe(in_header_.tag));
+      if (in_header_.payload_bytes != op.bytes)
+        peer_failed("sent " + std::to_string(in_header_.payload_bytes) + " bytes where " +
+                    std::to_string(op.bytes) + " were expected");
+      in_header_checked_ = true;
+    }
+    size_t want = op.bytes - op.done;
+    size_t take = std::min(avail, want);
+    if (op.kind == RecvKind::reduce || op.kind == RecvKind::reduce_send) {
+      const size_t elem = dtype_size(op.red.dtype);
+      take -= take % elem;
+      if (take > 0 && (inbox_begin_ % elem) != 0) {
+        // Keep the incoming elements aligned for the kernels: shift the unread bytes down.
+        std::memmove(inbox_.get(), inbox_.get() + inbox_begin_, avail);
+        inbox_begin_ = 0;
+        inbox_end_ = avail;
+      }
+      if (take > 0) {
+        const size_t n = take / elem;
+        char* d = op.dst + op.done;
+        reduce::combine(d, op.local + op.done, inbox_.get() + inbox_begin_, n, op.red.dtype,
+                        op.red.op);
+        if (op.red.divide_by > 1) reduce::divide(d, d, n, op.red.dtype, op.red.divide_by);
+      }
+    } else if (take > 0) {
+      std::memcpy(op.dst + op.done, inbox_.get() + inbox_begin_, take);
+    }
+    op.done += take;
+    inbox_begin_ += take;
+    if (inbox_begin_ == inbox_end_) inbox_begin_ = inbox_end_ = 0;
+    if (op.done < op.bytes) return;
+    finish_recv();
+  }
+}
+
+void TcpLink::on_readable() {
+  if (!inbox_) inbox_ = std::make_unique<char[]>(kInboxBytes);
+  size_t budget = kIoBudget;
+  for (;;) {
+    // Whatever was read must be consumed before returning: epoll will not report it again.
+    drain_inbox();
+    if (budget == 0) return;
+    // Large plain payloads go straight from the socket into place: no staging copy.
+    if (in_header_ready_ && in_header_checked_ && inbox_begin_ == inbox_end_ && !recvs_.empty()) {
+      RecvOp& op = recvs_.front();
+      size_t want = op.bytes - op.done;
+      if ((op.kind == RecvKind::plain || op.kind == RecvKind::copy_send) && want >= kDirectReadMin) {
+        ssize_t r = ::recv(fd_.get(), op.dst + op.done, want, MSG_DONTWAIT);
+        if (r > 0) {
+          op.done += static_cast<size_t>(r);
+          budget -= std::min(budget, static_cast<size_t>(r));
+          if (op.done == op.bytes) finish_recv();
+          continue;
+        }
+        if (r == 0) return peer_closed(0);
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+        return peer_closed(errno);
+      }
+    }
+    if (inbox_end_ == kInboxBytes) {
+      if (inbox_begin_ == 0) return;  // full and nothing can drain it until a receive is posted
+      size_t avail = inbox_end_ - inbox_begin_;
+      std::memmove(inbox_.get(), inbox_.get() + inbox_begin_, avail);
+      inbox_begin_ = 0;
+      inbox_end_ = avail;
+    }
+    ssize_t r = ::recv(fd_.get(), inbox_.get() + inbox_end_, kInboxBytes - inbox_end_, MSG_DONTWAIT);
+    if (r > 0) {
+      inbox_end_ += static_cast<size_t>(r);
+      budget -= std::min(budget, static_cast<size_t>(r));
+      continue;
+    }
+    if (r == 0) return peer_closed(0);
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+    return peer_closed(errno);
+  }
+}
+
+void TcpLink::peer_closed(int err) {
+  // A peer that finished its last op and exited closes its sockets: that is only an error for a
+  // receive that still needs bytes (now or when posted later), not for a link that sits idle.
+  closed_by_peer_ = true;
+  closed_errno_ = err;
+  drain_inbox();
+  if (!recvs_.empty()) peer_failed("closed the connection", err);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Failure
+
+void TcpLink::fail(int code, const std::string& reason) {
+  if (failed_) return;
+  // Forget every primitive: their buffers and completions belong to an op that is unwinding.
+  recvs_.clear();
+  const bool mid_frame = !sends_.empty() && sends_.front().written > 0;
+  if (mid_frame) {
+    // A partial frame cannot be followed by a notice; the peer will see the stream end instead.
+    sends_.clear();
+  } else {
+    sends_.clear();
+    static thread_local std::string payload;
+    std::string text = reason.substr(0, kMaxAbortPayload - 4);
+    payload.assign(4 + text.size(), '\0');
+    int32_t c = code;
+    std::memcpy(payload.data(), &c, 4);
+    std::memcpy(payload.data() + 4, text.data(), text.size());
+    FrameHeader h;
+    h.type = kFrameAbort;
+    h.channel = static_cast<uint16_t>(channel_);
+    h.payload_bytes = payload.size();
+    h.tag = owner_->tag();
+    iovec iov[2] = {{&h, sizeof h}, {payload.data(), payload.size()}};
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 2;
+    // One attempt, never blocking: a peer that does not read will see the shutdown instead.
+    ssize_t ignored = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)ignored;
+  }
+  ::shutdown(fd_.get(), SHUT_WR);
+  failed_ = true;
+}
+
+}  // namespace ringreduce::transport::tcp

@@ -1,0 +1,99 @@
+// One TCP connection to one peer on one channel: queues of posted primitives that the transport's
+// progress engine advances when the socket is readable or writable.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "core/fd.h"
+#include "transport/link.h"
+#include "transport/tcp/wire.h"
+
+namespace ringreduce::transport::tcp {
+
+class TcpTransport;
+
+class TcpLink final : public Link {
+ public:
+  TcpLink(TcpTransport* owner, int peer, int channel, core::Fd fd);
+  int peer() const override { return peer_; }
+  int channel() const { return channel_; }
+  int fd() const { return fd_.get(); }
+
+  void send(const void* src, size_t bytes, Completion* c) override;
+  void recv(void* dst, size_t bytes, Completion* c) override;
+  void recv_reduce(void* dst, const void* local, size_t bytes, const Reduction& r,
+                   Completion* c) override;
+  void recv_reduce_send(void* dst, const void* local, size_t bytes, const Reduction& r, Link& next,
+                        Completion* c) override;
+  void recv_copy_send(void* dst, size_t bytes, Link& next, Completion* c) override;
+
+  // Called by the engine. Each does a bounded amount of work so one busy link cannot starve the
+  // others, and throws PeerError / MismatchError on a broken or mismatched peer.
+  void on_readable();
+  void on_writable();
+
+  bool has_pending_recv() const { return !recvs_.empty(); }
+  bool has_pending_send() const { return !sends_.empty(); }
+  // Events this link wants from epoll now (EPOLLIN and/or EPOLLOUT).
+  uint32_t wanted_events() const;
+  uint32_t registered_events = 0;  // what epoll currently has; maintained by the transport
+
+  // Drops every queued primitive, then, if the byte stream is at a frame boundary, queues an
+  // abort frame with the reason and tries once to write it; finally shuts down the write side.
+  void fail(int code, const std::string& reason);
+
+ private:
+  enum class RecvKind : uint8_t { plain, reduce, copy_send, reduce_send };
+  struct RecvOp {
+    RecvKind kind;
+    char* dst;
+    const char* local;
+    size_t bytes;
+    size_t done;
+    Reduction red;
+    TcpLink* next;
+    Completion* c;
+  };
+  struct SendOp {
+    FrameHeader header;
+    const char* data;
+    size_t bytes;     // payload bytes
+    size_t written;   // of header + payload
+    Completion* c;    // may be null (abort notice)
+  };
+
+  void post_recv(RecvOp op);
+  void enqueue_send(const void* src, size_t bytes, Completion* c);
+  // Consumes what the inbox holds into posted receives, until it needs more bytes.
+  void drain_inbox();
+  void finish_recv();
+  [[noreturn]] void peer_failed(const std::string& what, int err = 0);
+  void peer_closed(int err);
+
+  TcpTransport* owner_;
+  int peer_;
+  int channel_;
+  core::Fd fd_;
+  bool failed_ = false;
+  bool closed_by_peer_ = false;
+  int closed_errno_ = 0;
+
+  std::deque<SendOp> sends_;
+  std::deque<RecvOp> recvs_;
+
+  // Bytes read from the socket but not yet consumed: frame headers, small payloads, and the
+  // incoming side of reductions (reduced straight out of here while still in cache).
+  std::unique_ptr<char[]> inbox_;
+  size_t inbox_begin_ = 0;
+  size_t inbox_end_ = 0;
+  FrameHeader in_header_;
+  bool in_header_ready_ = false;
+  bool in_header_checked_ = false;
+};
+
+}  // namespace ringreduce::transport::tcp

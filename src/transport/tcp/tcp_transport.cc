@@ -1,0 +1,296 @@
+#include "transport/tcp/tcp_transport.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <sched.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "core/log.h"
+#include "ringreduce/error.h"
+
+namespace ringreduce::transport::tcp {
+namespace {
+
+std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::string from_bytes(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
+
+std::string local_hostname() {
+  char buf[256] = {};
+  gethostname(buf, sizeof buf - 1);
+  return buf;
+}
+
+// A connection accepted during start-up whose hello has not fully arrived yet.
+struct PendingAccept {
+  core::Fd fd;
+  Hello hello;
+  size_t got = 0;
+  core::Clock::time_point since;
+};
+
+// How long a stranger may take to send its 32-byte hello before it is dropped.
+constexpr auto kHelloGrace = std::chrono::seconds(10);
+
+}  // namespace
+
+TcpTransport::TcpTransport(const TcpOptions& opts, const core::Config& config, Store& store,
+                           const core::Deadline& deadline)
+    : opts_(opts) {
+  epoll_.reset(epoll_create1(EPOLL_CLOEXEC));
+  wake_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!epoll_.valid() || !wake_.valid())
+    throw Error(std::string("epoll/eventfd creation failed: ") + strerror(errno));
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = nullptr;  // the wake-up fd
+  epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_.get(), &ev);
+  links_.resize(static_cast<size_t>(opts_.size) * static_cast<size_t>(opts_.channels));
+  if (opts_.size > 1) connect_mesh(config, store, deadline);
+}
+
+TcpTransport::~TcpTransport() = default;
+
+Link& TcpTransport::link(int peer, int channel) {
+  auto& l = links_[static_cast<size_t>(peer) * static_cast<size_t>(opts_.channels) +
+                   static_cast<size_t>(channel)];
+  if (!l) throw Error("no link from rank " + std::to_string(opts_.rank) + " to rank " + std::to_string(peer));
+  return *l;
+}
+
+void TcpTransport::connect_mesh(const core::Config& config, Store& store,
+                                const core::Deadline& deadline) {
+  const int rank = opts_.rank, size = opts_.size, channels = opts_.channels;
+  SockAddr want = choose_data_address(config, opts_.store_host);
+  listener_ = listen_on(want, &listen_addr_);
+  // Publish "family|numeric host|port|hostname". The listener exists before anyone can read this,
+  // so a peer's connect can only be refused by an overflowing backlog, which connect_to retries.
+  std::string host = listen_addr_.str();
+  host = host.substr(0, host.rfind(':'));
+  store.set("addr/" + std::to_string(rank),
+            to_bytes(host + "|" + std::to_string(listen_addr_.port()) + "|" + local_hostname()));
+  RR_LOG(info, rank, "listening for data connections on ", listen_addr_.str());
+
+  std::vector<SockAddr> peers(static_cast<size_t>(size));
+  const auto timeout_ms = std::chrono::milliseconds(deadline.remaining_ms());
+  for (int q = 0; q < rank; ++q) {
+    std::string v = from_bytes(store.get("addr/" + std::to_string(q), timeout_ms));
+    auto a = v.find('|'), b = v.find('|', a + 1);
+    if (a == std::string::npos || b == std::string::npos ||
+        !parse_numeric(v.substr(0, a), std::stoi(v.substr(a + 1, b - a - 1)), &peers[static_cast<size_t>(q)]))
+      throw Error("rank " + std::to_string(q) + " published an unreadable address '" + v + "'");
+  }
+
+  auto slot = [&](int peer, int ch) -> std::unique_ptr<TcpLink>& {
+    return links_[static_cast<size_t>(peer) * static_cast<size_t>(channels) + static_cast<size_t>(ch)];
+  };
+  auto make_hello = [&](int ch) {
+    Hello h;
+    h.comm_id = opts_.comm_id;
+    h.rank = rank;
+    h.world_size = size;
+    h.channel = ch;
+    return h;
+  };
+
+  // Phase 1: connect to every lower rank and send our hello. Neither step waits on the peer's
+  // program: the kernel completes the TCP handshake from the listen backlog and the hello fits in
+  // the socket buffer. So no ordering of ranks can deadlock here.
+  struct Outgoing {
+    int peer, channel;
+    core::Fd fd;
+  };
+  std::vector<Outgoing> outgoing;
+  for (int q = 0; q < rank; ++q) {
+    for (int ch = 0; ch < channels; ++ch) {
+      core::Fd fd = connect_to(peers[static_cast<size_t>(q)], deadline);
+      Hello h = make_hello(ch);
+      if (!write_full(fd.get(), &h, sizeof h, deadline))
+        throw PeerError("could not send hello to rank " + std::to_string(q) + " at " +
+                            peers[static_cast<size_t>(q)].str() + ": " + strerror(errno),
+                        q);
+      outgoing.push_back({q, ch, std::move(fd)});
+    }
+  }
+
+  // Phase 2: accept every higher rank. Hellos are read with non-blocking state machines so that a
+  // stranger that connects and says nothing (or trickles bytes) cannot hold up the job.
+  int expected = (size - 1 - rank) * channels;
+  std::vector<PendingAccept> pending;
+  set_nonblocking(listener_.get());
+  while (expected > 0) {
+    if (deadline.expired()) {
+      std::string missing;
+      for (int q = rank + 1; q < size; ++q)
+        for (int ch = 0; ch < channels; ++ch)
+          if (!slot(q, ch)) missing += " " + std::to_string(q);
+      throw TimeoutError("timed out waiting for ranks" + missing + " to connect");
+    }
+    std::vector<pollfd> pfds;
+    pfds.push_back({listener_.get(), POLLIN, 0});
+    for (auto& p : pending) pfds.push_back({p.fd.get(), POLLIN, 0});
+    int n = poll(pfds.data(), pfds.size(), std::min(deadline.remaining_ms(), 100));
+    if (n < 0 && errno != EINTR) throw Error(std::string("poll failed: ") + strerror(errno));
+    if (pfds[0].revents & POLLIN) {
+      for (int i = 0; i < 64; ++i) {
+        int fd = accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) break;
+        pending.push_back({core::Fd(fd), {}, 0, core::Clock::now()});
+      }
+    }
+    for (size_t i = 0; i < pending.size();) {
+      PendingAccept& p = pending[i];
+      bool drop = false;
+      std::string why;
+      ssize_t r = ::recv(p.fd.get(), reinterpret_cast<char*>(&p.hello) + p.got, sizeof(Hello) - p.got, 0);
+      if (r > 0) p.got += static_cast<size_t>(r);
+      else if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+        drop = true, why = "closed before finishing its hello";
+      if (!drop && p.got == sizeof(Hello)) {
+        const Hello& h = p.hello;
+        if (h.magic != kHelloMagic) why = "bad magic";
+        else if (h.version != kProtocolVersion) why = "protocol version " + std::to_string(h.version);
+        else if (h.comm_id != opts_.comm_id) why = "belongs to another communicator";
+        else if (h.world_size != size) why = "world size " + std::to_string(h.world_size);
+        else if (h.rank <= rank || h.rank >= size) why = "unexpected rank " + std::to_string(h.rank);
+        else if (h.channel < 0 || h.channel >= channels) why = "bad channel";
+        else if (slot(h.rank, h.channel)) why = "duplicate connection";
+        if (!why.empty()) {
+          drop = true;
+        } else {
+          Hello mine = make_hello(h.channel);
+          if (!write_full(p.fd.get(), &mine, sizeof mine, deadline)) {
+            drop = true, why = "could not answer its hello";
+          } else {
+            tune_data_socket(p.fd.get(), opts_.socket_buffer);
+            slot(h.rank, h.channel) = std::make_unique<TcpLink>(this, h.rank, h.channel, std::move(p.fd));
+            --expected;
+            pending.erase(pending.begin() + static_cast<long>(i));
+            continue;
+          }
+        }
+      }
+      if (!drop && core::Clock::now() - p.since > kHelloGrace) drop = true, why = "sent no hello in time";
+      if (drop) {
+        RR_LOG(warn, rank, "dropped a data connection during start-up: ", why);
+        pending.erase(pending.begin() + static_cast<long>(i));
+        continue;
+      }
+      ++i;
+    }
+  }
+  // Every link exists now; nobody else may connect, so stop listening.
+  listener_.reset();
+
+  // Phase 3: every lower rank has answered by now or will shortly (it is in phase 2).
+  for (auto& o : outgoing) {
+    Hello h;
+    if (!read_full(o.fd.get(), &h, sizeof h, deadline))
+      throw PeerError("rank " + std::to_string(o.peer) + " did not answer our hello: " +
+                          (errno == ETIMEDOUT ? "timed out" : strerror(errno)),
+                      o.peer);
+    if (h.magic != kHelloMagic || h.comm_id != opts_.comm_id || h.rank != o.peer || h.channel != o.channel)
+      throw PeerError("rank " + std::to_string(o.peer) + " answered with a wrong hello", o.peer);
+    tune_data_socket(o.fd.get(), opts_.socket_buffer);
+    slot(o.peer, o.channel) = std::make_unique<TcpLink>(this, o.peer, o.channel, std::move(o.fd));
+  }
+
+  for (auto& l : links_) {
+    if (!l) continue;
+    set_nonblocking(l->fd());
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = l.get();
+    if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, l->fd(), &ev) != 0)
+      throw Error(std::string("epoll_ctl failed: ") + strerror(errno));
+    l->registered_events = EPOLLIN;
+  }
+  RR_LOG(info, rank, "connected to ", size - 1, " peers on ", channels, " channel(s)");
+}
+
+void TcpTransport::update_interest(TcpLink& link) {
+  uint32_t want = link.wanted_events();
+  if (want == link.registered_events) return;
+  epoll_event ev{};
+  ev.events = want;
+  ev.data.ptr = &link;
+  epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, link.fd(), &ev);
+  link.registered_events = want;
+}
+
+void TcpTransport::wait(Completion& c, const core::Deadline& deadline) {
+  using namespace std::chrono;
+  const auto spin_until = core::Clock::now() + microseconds(opts_.spin_us);
+  epoll_event events[64];
+  while (!c.done()) {
+    if (interrupted_.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> lock(interrupt_mu_);
+      throw Error(interrupt_reason_, ErrorCode::aborted);
+    }
+    const auto now = core::Clock::now();
+    const bool spinning = now < spin_until;
+    int timeout = spinning ? 0 : std::min(deadline.remaining_ms(), 1000);
+    int n = epoll_wait(epoll_.get(), events, 64, timeout);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw Error(std::string("epoll_wait failed: ") + strerror(errno));
+    }
+    for (int i = 0; i < n; ++i) {
+      if (events[i].data.ptr == nullptr) {
+        uint64_t v;
+        ssize_t ignored = ::read(wake_.get(), &v, sizeof v);
+        (void)ignored;
+        continue;
+      }
+      auto* link = static_cast<TcpLink*>(events[i].data.ptr);
+      if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) link->on_readable();
+      if (events[i].events & (EPOLLOUT | EPOLLERR)) link->on_writable();
+      update_interest(*link);
+    }
+    if (n == 0) {
+      if (spinning) {
+        if (opts_.yield_while_spinning) sched_yield();
+      } else if (deadline.expired()) {
+        throw_timeout(deadline);
+      }
+    }
+  }
+}
+
+void TcpTransport::throw_timeout(const core::Deadline&) {
+  for (const auto& l : links_)
+    if (l && l->has_pending_recv())
+      throw TimeoutError("timed out waiting for rank " + std::to_string(l->peer()));
+  for (const auto& l : links_)
+    if (l && l->has_pending_send())
+      throw TimeoutError("timed out waiting for rank " + std::to_string(l->peer()) +
+                         " to take our data");
+  throw TimeoutError("timed out");
+}
+
+void TcpTransport::abort(int code, const std::string& reason) {
+  if (aborted_) return;
+  aborted_ = true;
+  for (auto& l : links_)
+    if (l) l->fail(code, reason);
+}
+
+void TcpTransport::interrupt(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(interrupt_mu_);
+    if (interrupted_.load()) return;
+    interrupt_reason_ = reason;
+  }
+  interrupted_.store(true, std::memory_order_release);
+  uint64_t one = 1;
+  ssize_t ignored = ::write(wake_.get(), &one, sizeof one);
+  (void)ignored;
+}
+
+}  // namespace ringreduce::transport::tcp

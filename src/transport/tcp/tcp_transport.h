@@ -1,0 +1,78 @@
+// The TCP transport: a full mesh of connections (one per peer per channel), established at
+// start-up through the rendezvous store, driven by an epoll progress engine in the thread that
+// waits.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "core/fd.h"
+#include "ringreduce/store.h"
+#include "transport/link.h"
+#include "transport/tcp/socket.h"
+#include "transport/tcp/tcp_link.h"
+
+namespace ringreduce::transport::tcp {
+
+struct TcpOptions {
+  int rank = 0;
+  int size = 1;
+  int channels = 1;
+  uint64_t comm_id = 0;
+  int socket_buffer = 4 << 20;
+  // Poll this long before sleeping in epoll_wait: a sleeping thread costs tens of µs to wake.
+  int spin_us = 50;
+  // Yield the core while polling: ranks outnumber cores.
+  bool yield_while_spinning = false;
+  std::string store_host;  // to pick the data interface
+};
+
+class TcpTransport final : public Transport {
+ public:
+  // Listens, publishes "addr/<rank>" in the store, connects to every peer (lower ranks connect,
+  // higher ranks accept), and checks every hello. Bounded by deadline.
+  TcpTransport(const TcpOptions& opts, const core::Config& config, Store& store,
+               const core::Deadline& deadline);
+  ~TcpTransport() override;
+
+  int rank() const override { return opts_.rank; }
+  int size() const override { return opts_.size; }
+  int channels() const override { return opts_.channels; }
+  Link& link(int peer, int channel) override;
+  void begin_op(const OpTag& tag) override { tag_ = tag; }
+  void wait(Completion& c, const core::Deadline& deadline) override;
+  void abort(int code, const std::string& reason) override;
+  void interrupt(const std::string& reason) override;
+
+  // For error messages: turns a peer's tag into words ("allreduce #3 (float x 100, sum)").
+  void set_describer(std::function<std::string(const OpTag&)> f) { describe_ = std::move(f); }
+  std::string describe(const OpTag& t) const { return describe_ ? describe_(t) : "an op"; }
+  const OpTag& tag() const { return tag_; }
+  // Called by links when the events they want change.
+  void update_interest(TcpLink& link);
+  const SockAddr& listen_address() const { return listen_addr_; }
+
+ private:
+  void connect_mesh(const core::Config& config, Store& store, const core::Deadline& deadline);
+  [[noreturn]] void throw_timeout(const core::Deadline& deadline);
+
+  TcpOptions opts_;
+  core::Fd listener_;
+  SockAddr listen_addr_;
+  core::Fd epoll_;
+  core::Fd wake_;  // eventfd: interrupt() wakes a blocked epoll_wait through it
+  std::vector<std::unique_ptr<TcpLink>> links_;  // [peer * channels + channel], null for self
+  OpTag tag_;
+  std::function<std::string(const OpTag&)> describe_;
+  std::atomic<bool> interrupted_{false};
+  std::mutex interrupt_mu_;
+  std::string interrupt_reason_;
+  bool aborted_ = false;
+};
+
+}  // namespace ringreduce::transport::tcp

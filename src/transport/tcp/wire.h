@@ -1,0 +1,46 @@
+// Wire formats of the TCP transport. All ranks of a job share one architecture (x86-64, little
+// endian), so structs go on the wire as they are; their sizes are pinned by static_asserts.
+#pragma once
+
+#include <cstdint>
+
+#include "transport/link.h"
+
+namespace ringreduce::transport::tcp {
+
+inline constexpr uint32_t kHelloMagic = 0x31485252;  // "RRH1"
+inline constexpr uint32_t kFrameMagic = 0x31465252;  // "RRF1"
+inline constexpr uint32_t kProtocolVersion = 1;
+
+// First bytes on every data connection, connector -> acceptor; the acceptor answers with its own
+// Hello. A connection whose hello is wrong (magic, version, communicator, rank, channel) is a
+// stranger and is dropped without disturbing the job.
+struct Hello {
+  uint32_t magic = kHelloMagic;
+  uint32_t version = kProtocolVersion;
+  uint64_t comm_id = 0;
+  int32_t rank = -1;
+  int32_t world_size = 0;
+  int32_t channel = 0;
+  uint32_t reserved = 0;
+};
+static_assert(sizeof(Hello) == 32);
+
+enum FrameType : uint16_t {
+  kFrameData = 1,
+  // The sender failed; payload = int32 error code + reason text. The receiver fails with it.
+  kFrameAbort = 2,
+};
+
+inline constexpr uint64_t kMaxAbortPayload = 8192;
+
+struct FrameHeader {
+  uint32_t magic = kFrameMagic;
+  uint16_t type = kFrameData;
+  uint16_t channel = 0;
+  uint64_t payload_bytes = 0;
+  OpTag tag;
+};
+static_assert(sizeof(FrameHeader) == 64);
+
+}  // namespace ringreduce::transport::tcp

@@ -1,0 +1,83 @@
+#include "tuner/tuner.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "ringreduce/error.h"
+
+namespace ringreduce::tuner {
+
+using algorithms::Collective;
+
+namespace {
+
+const Collective kAllCollectives[] = {Collective::allreduce, Collective::reduce_scatter,
+                                      Collective::allgather, Collective::broadcast,
+                                      Collective::reduce,    Collective::alltoall,
+                                      Collective::barrier};
+
+Collective parse_collective(const std::string& s) {
+  for (Collective c : kAllCollectives)
+    if (s == algorithms::collective_name(c)) return c;
+  throw InvalidArgument("RINGREDUCE_ALGO: unknown collective '" + s + "'");
+}
+
+}  // namespace
+
+Tuner::Tuner(const core::Config& config, int world_size, int transport_channels)
+    : size_(world_size), channels_(transport_channels) {
+  if (config.has("RINGREDUCE_SEGMENT_BYTES")) {
+    forced_segment_ = config.size("RINGREDUCE_SEGMENT_BYTES");
+    if (forced_segment_ == 0) throw InvalidArgument("RINGREDUCE_SEGMENT_BYTES must be > 0");
+  }
+  std::stringstream spec(config.str("RINGREDUCE_ALGO"));
+  std::string item;
+  while (std::getline(spec, item, ',')) {
+    if (item.empty()) continue;
+    auto colon = item.find(':');
+    if (colon == std::string::npos) {
+      // A bare name applies to every collective that has an algorithm of that name.
+      bool any = false;
+      for (Collective c : kAllCollectives) {
+        if (const auto* a = algorithms::find_algorithm(c, item)) forced_[c] = a, any = true;
+      }
+      if (!any) throw InvalidArgument("RINGREDUCE_ALGO: no algorithm named '" + item + "'");
+    } else {
+      Collective c = parse_collective(item.substr(0, colon));
+      const auto* a = algorithms::find_algorithm(c, item.substr(colon + 1));
+      if (!a)
+        throw InvalidArgument("RINGREDUCE_ALGO: " + item.substr(0, colon) + " has no algorithm '" +
+                              item.substr(colon + 1) + "'");
+      forced_[c] = a;
+    }
+  }
+}
+
+Plan Tuner::choose(const algorithms::Args& args) const {
+  Plan plan;
+  if (auto it = forced_.find(args.kind); it != forced_.end()) {
+    plan.algorithm = it->second;
+  } else {
+    for (const auto& a : algorithms::all_algorithms())
+      if (a.kind == args.kind) {
+        plan.algorithm = &a;
+        break;
+      }
+  }
+  // Bytes each rank moves per ring step, the unit the pipeline cuts into segments.
+  const size_t elem = dtype_size(args.dtype);
+  size_t per_step = args.count * elem;
+  if (args.kind == Collective::allreduce) per_step /= static_cast<size_t>(size_);
+  // Channels only pay when there is enough data for every ring to stream.
+  plan.channels = per_step >= (size_t{4} << 20) ? channels_ : 1;
+  if (forced_segment_ > 0) {
+    plan.segment_bytes = forced_segment_;
+  } else {
+    // A few segments per step overlap receiving, reducing and forwarding; segments beyond
+    // ~512 KiB buy nothing but latency. Measured on loopback TCP (docs/PERFORMANCE.md).
+    plan.segment_bytes = std::clamp<size_t>(per_step / 4, 64 << 10, 512 << 10);
+  }
+  return plan;
+}
+
+}  // namespace ringreduce::tuner

@@ -1,0 +1,34 @@
+// The tuner: the one place that chooses, per call, which algorithm runs, with what segment size and
+// how many channels. Today every collective has one algorithm, so the choice is mostly the
+// segment size; the small-message algorithms and the cost model arrive with their issue.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "algorithms/algorithm.h"
+#include "core/config.h"
+
+namespace ringreduce::tuner {
+
+struct Plan {
+  const algorithms::Algorithm* algorithm = nullptr;
+  size_t segment_bytes = 0;
+  int channels = 1;
+};
+
+class Tuner {
+ public:
+  // Reads RINGREDUCE_ALGO ("ring", or per collective "allreduce:ring,broadcast:chain"),
+  // RINGREDUCE_SEGMENT_BYTES and RINGREDUCE_CHANNELS; InvalidArgument names a bad value.
+  Tuner(const core::Config& config, int world_size, int transport_channels);
+  Plan choose(const algorithms::Args& args) const;
+
+ private:
+  int size_;
+  int channels_;
+  size_t forced_segment_ = 0;
+  std::map<algorithms::Collective, const algorithms::Algorithm*> forced_;
+};
+
+}  // namespace ringreduce::tuner

@@ -1,0 +1,172 @@
+// The in-process correctness matrix of DESIGN.md: N = 1..9 ranks as threads over real loopback
+// sockets; counts {0, 1, N-1, 7, 1M+3}; every dtype x op; in and out of place; and a tiny segment
+// size that forces the multi-segment pipelined paths. Inputs are small integers, so every result
+// is exact and compared bit for bit.
+#include <map>
+#include <mutex>
+
+#include "harness.h"
+
+namespace rrtest {
+namespace {
+
+using ringreduce::Communicator;
+
+// Expected results are computed once per (size, count, dtype, op) and shared by the rank threads.
+class Expected {
+ public:
+  const std::vector<char>& get(int size, size_t count, DataType t, ReduceOp op) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto key = std::make_tuple(size, count, static_cast<int>(t), static_cast<int>(op));
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second;
+    std::vector<char> buf(std::max<size_t>(1, count * ringreduce::dtype_size(t)));
+    for (size_t i = 0; i < count; ++i) store_value(t, buf.data(), i, expected_value(size, i, t, op));
+    return cache_[key] = std::move(buf);
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::tuple<int, size_t, int, int>, std::vector<char>> cache_;
+};
+
+std::vector<size_t> counts_for(int n) { return {0, 1, static_cast<size_t>(n - 1), 7, (1u << 20) + 3}; }
+
+std::string what(const char* call, int n, size_t count, DataType t, ReduceOp op, bool in_place) {
+  return std::string(call) + " n=" + std::to_string(n) + " count=" + std::to_string(count) + " " +
+         ringreduce::dtype_name(t) + " " + ringreduce::op_name(op) + (in_place ? " in-place" : "");
+}
+
+class Matrix : public ::testing::TestWithParam<int> {};
+
+TEST_P(Matrix, AllreduceEveryDtypeOpCountPlacement) {
+  const int n = GetParam();
+  Expected expected;
+  run_ranks(n, [&](Communicator& comm) {
+    for (size_t count : counts_for(n))
+      for (DataType t : all_dtypes())
+        for (ReduceOp op : all_ops())
+          for (bool in_place : {false, true}) {
+            const size_t bytes = count * ringreduce::dtype_size(t);
+            auto in = make_input(comm.rank(), count, t, op);
+            std::vector<char> out(std::max<size_t>(1, bytes), 0x5a);
+            void* dst = in_place ? in.data() : out.data();
+            comm.allreduce(in.data(), dst, count, t, op);
+            const auto& want = expected.get(n, count, t, op);
+            ASSERT_EQ(0, std::memcmp(dst, want.data(), bytes)) << what("allreduce", n, count, t, op, in_place);
+            if (!in_place) {
+              // Out of place never writes the input.
+              ASSERT_EQ(0, std::memcmp(in.data(), make_input(comm.rank(), count, t, op).data(), bytes));
+            }
+          }
+  });
+}
+
+TEST_P(Matrix, AllreduceTinySegmentsPipeline) {
+  const int n = GetParam();
+  Expected expected;
+  // 8-byte segments: every chunk is cut into many segments, all in flight at once.
+  run_ranks(
+      n,
+      [&](Communicator& comm) {
+        for (size_t count : {static_cast<size_t>(n - 1), size_t{7}, size_t{1001}})
+          for (DataType t : all_dtypes())
+            for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max})
+              for (bool in_place : {false, true}) {
+                const size_t bytes = count * ringreduce::dtype_size(t);
+                auto in = make_input(comm.rank(), count, t, op);
+                std::vector<char> out(std::max<size_t>(1, bytes));
+                void* dst = in_place ? in.data() : out.data();
+                comm.allreduce(in.data(), dst, count, t, op);
+                ASSERT_EQ(0, std::memcmp(dst, expected.get(n, count, t, op).data(), bytes))
+                    << what("allreduce/8B segments", n, count, t, op, in_place);
+              }
+      },
+      {{"RINGREDUCE_SEGMENT_BYTES", "8"}});
+}
+
+TEST_P(Matrix, ReduceScatterAllgatherBroadcastReduceAlltoall) {
+  const int n = GetParam();
+  Expected expected;
+  for (const char* seg : {"", "8"}) {
+    std::map<std::string, std::string> settings;
+    if (*seg) settings["RINGREDUCE_SEGMENT_BYTES"] = seg;
+    run_ranks(
+        n,
+        [&](Communicator& comm) {
+          const int r = comm.rank();
+          const size_t big = *seg ? 1001 : (1u << 16) + 3;
+          for (size_t block : {size_t{0}, size_t{1}, size_t{7}, big})
+            for (DataType t : all_dtypes())
+              for (ReduceOp op : all_ops()) {
+                const size_t elem = ringreduce::dtype_size(t);
+                const size_t total = block * static_cast<size_t>(n);
+                const auto& want = expected.get(n, total, t, op);
+
+                // reduce_scatter: rank r receives reduced block r.
+                auto in = make_input(r, total, t, op);
+                std::vector<char> out(std::max<size_t>(1, block * elem));
+                comm.reduce_scatter(in.data(), out.data(), block, t, op);
+                ASSERT_EQ(0, std::memcmp(out.data(), want.data() + static_cast<size_t>(r) * block * elem,
+                                         block * elem))
+                    << what("reduce_scatter", n, block, t, op, false);
+
+                // reduce to every root in turn (recv only on the root).
+                for (int root = 0; root < n; root += std::max(1, n / 3)) {
+                  std::vector<char> red(std::max<size_t>(1, total * elem), 0x11);
+                  comm.reduce(in.data(), r == root ? red.data() : nullptr, total, t, op, root);
+                  if (r == root) {
+                    ASSERT_EQ(0, std::memcmp(red.data(), want.data(), total * elem))
+                        << what("reduce", n, total, t, op, false) << " root " << root;
+                  }
+                }
+                if (op != ReduceOp::sum) continue;  // the data movers do not reduce
+
+                // allgather: block j comes from rank j (in place too: send inside recv).
+                std::vector<char> gathered(std::max<size_t>(1, total * elem));
+                auto mine = make_input(r, block, t, op);
+                comm.allgather(mine.data(), gathered.data(), block, t);
+                for (int j = 0; j < n; ++j) {
+                  auto theirs = make_input(j, block, t, op);
+                  ASSERT_EQ(0, std::memcmp(gathered.data() + static_cast<size_t>(j) * block * elem,
+                                           theirs.data(), block * elem))
+                      << what("allgather", n, block, t, op, false) << " block " << j;
+                }
+                std::memcpy(gathered.data() + static_cast<size_t>(r) * block * elem, mine.data(), block * elem);
+                comm.allgather(gathered.data() + static_cast<size_t>(r) * block * elem, gathered.data(), block, t);
+                for (int j = 0; j < n; ++j)
+                  ASSERT_EQ(0, std::memcmp(gathered.data() + static_cast<size_t>(j) * block * elem,
+                                           make_input(j, block, t, op).data(), block * elem))
+                      << what("allgather", n, block, t, op, true);
+
+                // broadcast from a root that is not rank 0 when possible.
+                const int root = n - 1;
+                std::vector<char> b = r == root ? make_input(root, total, t, op)
+                                                : std::vector<char>(std::max<size_t>(1, total * elem), 0);
+                comm.broadcast(b.data(), total, t, root);
+                ASSERT_EQ(0, std::memcmp(b.data(), make_input(root, total, t, op).data(), total * elem))
+                    << what("broadcast", n, total, t, op, false);
+
+                // alltoall: block j of rank i's input is (i, j)-specific; recv block j comes from j.
+                std::vector<char> a2a_in(std::max<size_t>(1, total * elem)), a2a_out(a2a_in.size());
+                for (int j = 0; j < n; ++j)
+                  for (size_t k = 0; k < block; ++k)
+                    store_value(t, a2a_in.data(), static_cast<size_t>(j) * block + k, (r * 3 + j + k) % 7);
+                comm.alltoall(a2a_in.data(), a2a_out.data(), block, t);
+                for (int j = 0; j < n; ++j)
+                  for (size_t k = 0; k < block; ++k)
+                    ASSERT_EQ(load_value(t, a2a_out.data(), static_cast<size_t>(j) * block + k),
+                              static_cast<double>((j * 3 + r + k) % 7))
+                        << what("alltoall", n, block, t, op, false) << " from " << j;
+              }
+          comm.barrier();
+        },
+        settings);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, Matrix, ::testing::Range(1, 10),
+                         [](const auto& info) { return "N" + std::to_string(info.param); });
+
+}  // namespace
+}  // namespace rrtest

@@ -1,0 +1,372 @@
+// ringreduce-perf: the collective benchmark, following nccl-tests' conventions.
+//
+//   ringrun -n 4 ringreduce-perf allreduce -b 4 -e 256M -f 4 -d float -o sum
+//
+// Each row: size(B) count type redop root | out-of-place time(us) algbw busbw #wrong | in-place
+// time algbw busbw #wrong | algorithm. algbw = size / time; busbw = algbw x the collective's bus
+// factor (allreduce 2(n-1)/n; reduce_scatter, allgather, alltoall (n-1)/n; broadcast, reduce 1),
+// so busbw compares with the link's bandwidth whatever the rank count. Time is the slowest rank's
+// mean over the timed iterations. #wrong counts elements, over all ranks, that differ from the
+// exact answer (inputs are small integers, so every answer is exact). Exits non-zero if any is.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "exact_data.h"
+#include "ringreduce/ringreduce.hpp"
+
+namespace {
+
+using namespace ringreduce;
+using Clock = std::chrono::steady_clock;
+
+enum class Coll { allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall };
+
+struct Args {
+  Coll coll = Coll::allreduce;
+  std::string coll_name = "allreduce";
+  size_t min_bytes = 32 << 20, max_bytes = 32 << 20;
+  double factor = 2;
+  long iters = 0;  // 0: adaptive, about target_seconds per size
+  long warmup = 5;
+  bool check = true;
+  int root = 0;
+  std::vector<DataType> dtypes{DataType::f32};
+  std::vector<ReduceOp> ops{ReduceOp::sum};
+  std::string algo;
+  double target_seconds = 0.2;
+};
+
+[[noreturn]] void usage(const char* why) {
+  if (why) std::fprintf(stderr, "ringreduce-perf: %s\n", why);
+  std::fprintf(stderr,
+               "usage: ringreduce-perf allreduce|reduce_scatter|allgather|broadcast|reduce|alltoall\n"
+               "  [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-n ITERS (0: adaptive)] [-w WARMUP]\n"
+               "  [-c CHECK 0|1] [-d float|half|bfloat16|double|int8|uint8|int32|uint32|int64|uint64|all]\n"
+               "  [-o sum|prod|min|max|avg|all] [-r ROOT] [-a ALGO] [-T SECONDS_PER_SIZE]\n"
+               "Launch with ringrun, mpirun, srun or torchrun (see README).\n");
+  std::exit(2);
+}
+
+size_t parse_bytes(const char* s) {
+  auto v = core::parse_size(s);
+  if (!v) usage((std::string("not a size: ") + s).c_str());
+  return *v;
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  if (argc < 2) usage(nullptr);
+  a.coll_name = argv[1];
+  const std::pair<const char*, Coll> names[] = {
+      {"allreduce", Coll::allreduce}, {"reduce_scatter", Coll::reduce_scatter},
+      {"allgather", Coll::allgather}, {"broadcast", Coll::broadcast},
+      {"reduce", Coll::reduce},       {"alltoall", Coll::alltoall}};
+  bool found = false;
+  for (auto& [n, c] : names)
+    if (a.coll_name == n) a.coll = c, found = true;
+  if (!found) usage(("unknown collective " + a.coll_name).c_str());
+  for (int i = 2; i < argc; ++i) {
+    std::string f = argv[i];
+    if (i + 1 >= argc) usage(("missing value for " + f).c_str());
+    const char* v = argv[++i];
+    if (f == "-b") a.min_bytes = parse_bytes(v);
+    else if (f == "-e") a.max_bytes = parse_bytes(v);
+    else if (f == "-f") a.factor = std::atof(v);
+    else if (f == "-n") a.iters = std::atol(v);
+    else if (f == "-w") a.warmup = std::atol(v);
+    else if (f == "-c") a.check = std::atoi(v) != 0;
+    else if (f == "-r") a.root = std::atoi(v);
+    else if (f == "-a") a.algo = v;
+    else if (f == "-T") a.target_seconds = std::atof(v);
+    else if (f == "-d") {
+      a.dtypes.clear();
+      if (std::string(v) == "all") {
+        for (int t = 0; t < kNumDataTypes; ++t) a.dtypes.push_back(static_cast<DataType>(t));
+      } else {
+        DataType t;
+        if (!parse_dtype(v, &t)) usage((std::string("unknown dtype ") + v).c_str());
+        a.dtypes.push_back(t);
+      }
+    } else if (f == "-o") {
+      a.ops.clear();
+      if (std::string(v) == "all") {
+        for (int o = 0; o < kNumReduceOps; ++o) a.ops.push_back(static_cast<ReduceOp>(o));
+      } else {
+        ReduceOp o;
+        if (!parse_op(v, &o)) usage((std::string("unknown op ") + v).c_str());
+        a.ops.push_back(o);
+      }
+    } else {
+      usage(("unknown flag " + f).c_str());
+    }
+  }
+  if (a.factor <= 1 && a.min_bytes != a.max_bytes) usage("-f must be > 1");
+  if (a.min_bytes > a.max_bytes) usage("-b must be <= -e");
+  return a;
+}
+
+bool reduces(Coll c) { return c == Coll::allreduce || c == Coll::reduce_scatter || c == Coll::reduce; }
+bool rooted(Coll c) { return c == Coll::broadcast || c == Coll::reduce; }
+
+double bus_factor(Coll c, int n) {
+  switch (c) {
+    case Coll::allreduce: return 2.0 * (n - 1) / n;
+    case Coll::reduce_scatter: case Coll::allgather: case Coll::alltoall: return double(n - 1) / n;
+    case Coll::broadcast: case Coll::reduce: return 1.0;
+  }
+  return 1.0;
+}
+
+// One benchmark shape: buffers sized for `count` total elements.
+struct Bench {
+  Communicator& comm;
+  const Args& args;
+  DataType dtype;
+  ReduceOp op;
+  size_t count;  // total elements (size / elem), a multiple of n where the collective needs it
+  size_t block;  // per-rank elements for the block collectives
+  std::vector<char> send, recv;
+
+  size_t elem() const { return dtype_size(dtype); }
+  int n() const { return comm.size(); }
+  int r() const { return comm.rank(); }
+  size_t send_elems() const {
+    return args.coll == Coll::allgather ? block : count;
+  }
+  size_t recv_elems() const { return args.coll == Coll::reduce_scatter ? block : count; }
+
+  void allocate() {
+    send.assign(std::max<size_t>(1, send_elems() * elem()), 0);
+    recv.assign(std::max<size_t>(1, count * elem()), 0);
+  }
+
+  // The receive pointer of the in-place variant (nccl-tests conventions).
+  void* in_place_recv() {
+    return args.coll == Coll::allgather ? recv.data() : send.data();
+  }
+  const void* in_place_send() {
+    if (args.coll == Coll::allgather) return recv.data() + static_cast<size_t>(r()) * block * elem();
+    return send.data();
+  }
+  void* in_place_dst() {
+    if (args.coll == Coll::reduce_scatter) return send.data() + static_cast<size_t>(r()) * block * elem();
+    return in_place_recv();
+  }
+
+  Work issue(bool in_place) {
+    const void* s = in_place ? in_place_send() : send.data();
+    void* d = in_place ? in_place_dst() : recv.data();
+    switch (args.coll) {
+      case Coll::allreduce: return comm.allreduce_async(s, d, count, dtype, op);
+      case Coll::reduce_scatter: return comm.reduce_scatter_async(s, d, block, dtype, op);
+      case Coll::allgather: return comm.allgather_async(s, d, block, dtype);
+      case Coll::broadcast: return comm.broadcast_async(s, d, count, dtype, args.root);
+      case Coll::reduce: return comm.reduce_async(s, d, count, dtype, op, args.root);
+      case Coll::alltoall: return comm.alltoall_async(s, d, block, dtype);
+    }
+    return {};
+  }
+  // Blocking variant for the timed loop: the caller drives progress itself.
+  void run(bool in_place) {
+    const void* s = in_place ? in_place_send() : send.data();
+    void* d = in_place ? in_place_dst() : recv.data();
+    switch (args.coll) {
+      case Coll::allreduce: comm.allreduce(s, d, count, dtype, op); break;
+      case Coll::reduce_scatter: comm.reduce_scatter(s, d, block, dtype, op); break;
+      case Coll::allgather: comm.allgather(s, d, block, dtype); break;
+      case Coll::broadcast: comm.broadcast(s, d, count, dtype, args.root); break;
+      case Coll::reduce: comm.reduce(s, d, count, dtype, op, args.root); break;
+      case Coll::alltoall: comm.alltoall(s, d, block, dtype); break;
+    }
+  }
+
+  // Fills the inputs with exact data for one checked run.
+  void fill(bool in_place) {
+    using namespace exact;
+    switch (args.coll) {
+      case Coll::allreduce: case Coll::reduce: case Coll::reduce_scatter:
+        fill_input(send.data(), count, r(), dtype, op);
+        break;
+      case Coll::allgather:
+        fill_input(in_place ? recv.data() + static_cast<size_t>(r()) * block * elem() : send.data(), block,
+                   r(), dtype, op, static_cast<size_t>(r()) * block);
+        break;
+      case Coll::broadcast:
+        if (r() == args.root) fill_input(send.data(), count, r(), dtype, op);
+        if (in_place && r() != args.root) std::memset(send.data(), 0, count * elem());
+        break;
+      case Coll::alltoall:
+        // Block j goes to rank j; its content identifies the sender (rank r) and position.
+        for (int j = 0; j < n(); ++j)
+          fill_input(send.data() + static_cast<size_t>(j) * block * elem(), block, r(), dtype, op,
+                     static_cast<size_t>(j) * block);
+        break;
+    }
+    if (!in_place) std::memset(recv.data(), 0, recv.size());
+  }
+
+  size_t wrong(bool in_place) {
+    using namespace exact;
+    const char* out = static_cast<const char*>(in_place ? in_place_dst() : recv.data());
+    switch (args.coll) {
+      case Coll::allreduce: return count_wrong_reduced(out, count, n(), dtype, op);
+      case Coll::reduce:
+        return r() == args.root ? count_wrong_reduced(out, count, n(), dtype, op) : 0;
+      case Coll::reduce_scatter:
+        return count_wrong_reduced(out, block, n(), dtype, op, static_cast<size_t>(r()) * block);
+      case Coll::broadcast: return count_wrong_input(out, count, args.root, dtype, op);
+      case Coll::allgather: {
+        size_t w = 0;
+        for (int j = 0; j < n(); ++j)
+          w += count_wrong_input(out + static_cast<size_t>(j) * block * elem(), block, j, dtype, op,
+                                 static_cast<size_t>(j) * block);
+        return w;
+      }
+      case Coll::alltoall: {
+        size_t w = 0;
+        for (int j = 0; j < n(); ++j)
+          w += count_wrong_input(out + static_cast<size_t>(j) * block * elem(), block, j, dtype, op,
+                                 static_cast<size_t>(r()) * block);
+        return w;
+      }
+    }
+    return 0;
+  }
+};
+
+double max_over_ranks(Communicator& comm, double v) {
+  comm.allreduce(&v, &v, 1, DataType::f64, ReduceOp::max);
+  return v;
+}
+uint64_t sum_over_ranks(Communicator& comm, uint64_t v) {
+  comm.allreduce(&v, &v, 1, DataType::u64, ReduceOp::sum);
+  return v;
+}
+
+struct Result {
+  double time_us = 0;
+  uint64_t wrong = 0;
+  std::string algo;
+};
+
+Result measure(Bench& b, bool in_place) {
+  Communicator& comm = b.comm;
+  Result res;
+  for (long i = 0; i < b.args.warmup; ++i) b.run(in_place);
+  long iters = b.args.iters;
+  if (iters <= 0) {
+    // Adaptive: time one iteration (slowest rank) and aim for target_seconds per measurement.
+    comm.barrier();
+    auto t0 = Clock::now();
+    b.run(in_place);
+    double one = max_over_ranks(comm, std::chrono::duration<double>(Clock::now() - t0).count());
+    iters = static_cast<long>(std::clamp(b.args.target_seconds / std::max(one, 1e-7), 5.0, 20000.0));
+  }
+  comm.barrier();
+  auto t0 = Clock::now();
+  for (long i = 0; i < iters; ++i) b.run(in_place);
+  double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  res.time_us = max_over_ranks(comm, secs / static_cast<double>(iters)) * 1e6;
+  if (b.args.check) {
+    b.fill(in_place);
+    Work w = b.issue(in_place);
+    w.wait();
+    res.algo = w.algorithm();
+    res.wrong = sum_over_ranks(comm, b.wrong(in_place));
+  } else {
+    Work w = b.issue(in_place);
+    w.wait();
+    res.algo = w.algorithm();
+  }
+  return res;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args = parse(argc, argv);
+  try {
+    Options options;
+    if (!args.algo.empty()) options.settings["RINGREDUCE_ALGO"] = args.coll_name + ":" + args.algo;
+    Communicator comm = Communicator::from_env(options);
+    const int n = comm.size();
+    const bool print = comm.rank() == 0;
+    if (args.root < 0 || args.root >= n) usage("-r ROOT must be a rank");
+    char host[256] = {};
+    gethostname(host, sizeof host - 1);
+    if (print) {
+      std::printf("# ringreduce-perf %s: %d ranks, iters %s, warmup %ld, check %d\n",
+                  args.coll_name.c_str(), n, args.iters > 0 ? std::to_string(args.iters).c_str() : "adaptive",
+                  args.warmup, args.check ? 1 : 0);
+      std::printf("#  Rank  0 Pid %6d on %s\n#\n", getpid(), host);
+      std::printf("# %10s %12s %8s %6s %6s  %9s %7s %7s %6s  %9s %7s %7s %6s  %s\n", "", "", "", "", "",
+                  "out-of-place", "", "", "", "in-place", "", "", "", "");
+      std::printf("# %10s %12s %8s %6s %6s  %9s %7s %7s %6s  %9s %7s %7s %6s  %s\n", "size", "count", "type",
+                  "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong", "algo");
+      std::printf("# %10s %12s %8s %6s %6s  %9s %7s %7s %6s  %9s %7s %7s %6s\n", "(B)", "(elements)", "", "", "",
+                  "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+      std::fflush(stdout);
+    }
+    uint64_t total_wrong = 0;
+    double bw_sum = 0;
+    int bw_rows = 0;
+    const bool blocked = args.coll == Coll::reduce_scatter || args.coll == Coll::allgather ||
+                         args.coll == Coll::alltoall;
+    for (DataType dtype : args.dtypes) {
+      for (ReduceOp op : args.ops) {
+        if (!reduces(args.coll) && op != args.ops.front()) continue;  // op is irrelevant
+        for (size_t bytes = args.min_bytes; bytes <= args.max_bytes;) {
+          const size_t elem = dtype_size(dtype);
+          size_t count = bytes / elem;
+          size_t block = count / static_cast<size_t>(n);
+          if (blocked) count = block * static_cast<size_t>(n);
+          Bench b{comm, args, dtype, op, count, block, {}, {}};
+          b.allocate();
+          Result oop = measure(b, false);
+          const bool in_place_ok = args.coll != Coll::alltoall || n == 1;
+          Result ip = in_place_ok ? measure(b, true) : Result{};
+          total_wrong += oop.wrong + ip.wrong;
+          const double size = static_cast<double>(count * elem);
+          auto algbw = [&](double us) { return us > 0 ? size / us / 1e3 : 0.0; };
+          const double f = bus_factor(args.coll, n);
+          bw_sum += algbw(oop.time_us) * f;
+          ++bw_rows;
+          if (print) {
+            char ipbuf[96];
+            if (in_place_ok)
+              std::snprintf(ipbuf, sizeof ipbuf, "%9.2f %7.3f %7.3f %6llu", ip.time_us, algbw(ip.time_us),
+                            algbw(ip.time_us) * f, static_cast<unsigned long long>(ip.wrong));
+            else
+              std::snprintf(ipbuf, sizeof ipbuf, "%9s %7s %7s %6s", "N/A", "N/A", "N/A", "N/A");
+            std::printf("  %10zu %12zu %8s %6s %6d  %9.2f %7.3f %7.3f %6llu  %s  %s\n", count * elem, count,
+                        dtype_name(dtype), reduces(args.coll) ? op_name(op) : "none",
+                        rooted(args.coll) ? args.root : -1, oop.time_us, algbw(oop.time_us),
+                        algbw(oop.time_us) * f, static_cast<unsigned long long>(oop.wrong), ipbuf,
+                        oop.algo.c_str());
+            std::fflush(stdout);
+          }
+          const size_t next = static_cast<size_t>(static_cast<double>(bytes) * args.factor);
+          if (next <= bytes) break;
+          bytes = next;
+        }
+      }
+    }
+    if (print) {
+      std::printf("# Out of bounds values : %llu %s\n", static_cast<unsigned long long>(total_wrong),
+                  total_wrong == 0 ? "OK" : "FAILED");
+      std::printf("# Avg bus bandwidth    : %.4f\n#\n", bw_rows ? bw_sum / bw_rows : 0.0);
+    }
+    return total_wrong == 0 ? 0 : 1;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "ringreduce-perf: %s\n", e.what());
+    return 1;
+  }
+}
