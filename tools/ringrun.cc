@@ -1,0 +1,826 @@
+// ringrun: the local launcher.
+//
+//   ringrun -n N [--timeout SECONDS] [--] program [args...]
+//
+// Starts N processes of program on this host, each told its place by RINGREDUCE_RANK,
+// RINGREDUCE_WORLD_SIZE, RINGREDUCE_LOCAL_RANK, RINGREDUCE_LOCAL_SIZE and RINGREDUCE_ADDR, and
+// hosts the rendezvous TCP store itself (RINGREDUCE_STORE_SERVER=0 tells rank 0 not to). The
+// store listens on port 0 and its real port is handed to the ranks, so there is no window in
+// which another process could take a port we picked.
+//
+// Invariants the rest of this file keeps:
+//  * Every rank's stdout and stderr come back through a pipe and leave ringrun one whole line at
+//    a time, prefixed "[rank] ", with one write() per batch of whole lines: since ringrun is the
+//    only writer, lines of different ranks never interleave mid-line.
+//  * Each rank leads its own process group, so a signal to -pid reaches whatever it spawned.
+//    Ranks that have exited stay unreaped zombies (waitid WNOWAIT) until the very end: a zombie
+//    keeps its pid, hence its group id, from being reused, so signalling -pid can never hit an
+//    unrelated process group.
+//  * Signals reach ringrun only through a signalfd (they are blocked in every thread, the store's
+//    included), so there is no async handler at all and every wake-up comes from one poll().
+//  * Every wait is bounded: grace before SIGKILL, a limit on how long SIGKILLed ranks may take to
+//    vanish, and a limit on draining output that descendants keep open after the ranks exited.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "core/config.h"
+#include "rendezvous/tcp_store.h"
+
+extern char** environ;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kMaxRanks = 1024;
+// How long ranks get between SIGTERM and SIGKILL when ringrun tears the job down.
+constexpr auto kGrace = std::chrono::seconds(3);
+// How long SIGKILLed ranks may take to disappear before ringrun stops waiting for them (a process
+// stuck in uninterruptible sleep cannot be hurried, and ringrun must not hang with it).
+constexpr auto kKillWait = std::chrono::seconds(10);
+// How long to keep forwarding output after every rank exited: descendants that escaped the
+// process groups (setsid) could otherwise hold a pipe open forever.
+constexpr auto kDrainWait = std::chrono::seconds(1);
+constexpr size_t kReadChunk = 64 * 1024;
+// A "line" longer than this is emitted in pieces, each with its prefix, so memory stays bounded
+// whatever a rank writes.
+constexpr size_t kMaxLine = 64 * 1024;
+
+const char kUsage[] =
+    "usage: ringrun -n N [--timeout SECONDS] [--] program [args...]\n"
+    "\n"
+    "Starts N local ranks of program and hosts their rendezvous store on 127.0.0.1.\n"
+    "Each rank gets RINGREDUCE_RANK, RINGREDUCE_WORLD_SIZE, RINGREDUCE_LOCAL_RANK,\n"
+    "RINGREDUCE_LOCAL_SIZE, RINGREDUCE_ADDR=127.0.0.1:PORT and RINGREDUCE_STORE_SERVER=0;\n"
+    "its output lines are prefixed with \"[rank] \". Stdin of every rank is /dev/null.\n"
+    "\n"
+    "  -n N                number of ranks, 1..1024\n"
+    "  --timeout SECONDS   kill the job if it is still running after SECONDS\n"
+    "  -h, --help          print this text\n"
+    "\n"
+    "Exit status: 0 if every rank exited 0; else the first failing rank's code (128+signal\n"
+    "if it was killed); 124 on timeout; 128+signal if ringrun was interrupted; 2 on bad\n"
+    "usage; 126/127 if the program cannot be executed / is not found.\n";
+
+// Owns one file descriptor.
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  ~UniqueFd() { reset(); }
+  UniqueFd(UniqueFd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  UniqueFd& operator=(UniqueFd&& o) noexcept {
+    if (this != &o) {
+      reset();
+      fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+  }
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  void reset() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// A pipe whose ends are close-on-exec: a rank must hold no end but its own, or another rank's
+// stdout would never reach EOF.
+void make_pipe(UniqueFd* read_end, UniqueFd* write_end) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0)
+    throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+  *read_end = UniqueFd(fds[0]);
+  *write_end = UniqueFd(fds[1]);
+}
+
+// ringrun's own stdout or stderr. Writes block until done: the consumer's pace is the job's pace.
+// A consumer that went away (EPIPE) just stops receiving output; the job is not disturbed.
+class Sink {
+ public:
+  explicit Sink(int fd) : fd_(fd) {}
+  void write(std::string_view data) {
+    while (!data.empty() && !broken_) {
+      ssize_t n = ::write(fd_, data.data(), data.size());
+      if (n > 0) {
+        data.remove_prefix(static_cast<size_t>(n));
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else if (n < 0 && errno == EAGAIN) {
+        // Someone made the shared file description non-blocking; wait for room instead.
+        pollfd p{fd_, POLLOUT, 0};
+        ::poll(&p, 1, -1);
+      } else {
+        broken_ = true;
+      }
+    }
+  }
+
+ private:
+  int fd_;
+  bool broken_ = false;
+};
+
+Sink g_out(STDOUT_FILENO);
+Sink g_err(STDERR_FILENO);
+
+void say(const std::string& message) {
+  g_err.write("ringrun: " + message + "\n");
+}
+
+// "0-3,5,7-8": a compact list of ranks, which matters with 1024 of them.
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (!s.empty()) s += ',';
+    s += std::to_string(ranks[i]);
+    if (j > i) s += '-' + std::to_string(ranks[j]);
+    i = j + 1;
+  }
+  return s;
+}
+
+std::string signal_name(int sig) {
+  const char* abbrev = ::sigabbrev_np(sig);
+  return abbrev != nullptr ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
+}
+
+// One of a rank's two output streams: the pipe's read end and the partial line not yet emitted.
+struct Stream {
+  UniqueFd fd;
+  std::string pending;
+  Sink* sink = nullptr;
+};
+
+struct Rank {
+  int index = 0;
+  pid_t pid = -1;        // also its process group id; -1 before fork or after reaping
+  bool running = false;  // forked and not yet seen exiting
+  Stream out, err;
+};
+
+enum class Pump { more, drained, eof };
+
+// Reads once from a stream and emits every whole line with its prefix in a single write. Reads
+// go through one shared buffer and only a partial line stays with the stream, so 2048 mostly idle
+// streams cost next to nothing.
+Pump pump(Stream& s, const std::string& prefix) {
+  static char buf[kReadChunk];
+  ssize_t n = ::read(s.fd.get(), buf, sizeof(buf));
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return Pump::drained;
+  bool eof = n <= 0;  // 0: EOF; other errors: treat the stream as gone
+  std::string_view data(buf, eof ? 0 : static_cast<size_t>(n));
+
+  std::string batch;
+  for (size_t nl = data.find('\n'); nl != std::string_view::npos; nl = data.find('\n')) {
+    batch.append(prefix).append(s.pending).append(data.substr(0, nl + 1));
+    s.pending.clear();
+    data.remove_prefix(nl + 1);
+  }
+  s.pending.append(data);
+  if ((eof && !s.pending.empty()) || s.pending.size() >= kMaxLine) {
+    // A last line without newline, or a runaway one: emit it as a line of its own so that the
+    // next line of any rank still starts at the beginning of a line.
+    batch.append(prefix).append(s.pending).push_back('\n');
+    s.pending.clear();
+  }
+  if (s.pending.empty() && s.pending.capacity() > 4096) std::string().swap(s.pending);
+  if (!batch.empty()) s.sink->write(batch);
+  if (eof) {
+    s.fd.reset();
+    return Pump::eof;
+  }
+  return Pump::more;
+}
+
+struct Args {
+  int n = 0;
+  std::optional<double> timeout_s;
+  std::string timeout_text;
+  std::vector<std::string> command;
+};
+
+// Strict decimal integer: no sign, no spaces, no trailing garbage.
+std::optional<long> parse_int(const std::string& s) {
+  if (s.empty() || s.size() > 9) return std::nullopt;
+  long v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + (c - '0');
+  }
+  return v;
+}
+
+std::optional<double> parse_seconds(const std::string& s) {
+  if (s.empty()) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  double v = std::strtod(s.c_str(), &end);
+  if (errno != 0 || end != s.c_str() + s.size() || !std::isfinite(v) || v <= 0 || v > 1e8)
+    return std::nullopt;
+  return v;
+}
+
+// Returns the parsed arguments, or an exit status: 0 after --help, 2 after a usage error.
+std::optional<Args> parse_args(int argc, char** argv, int* status) {
+  Args a;
+  bool have_n = false;
+  auto fail = [&](const std::string& why) {
+    g_err.write("ringrun: " + why + "\n" + kUsage);
+    *status = 2;
+    return std::nullopt;
+  };
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string arg = argv[i];
+    std::optional<std::string> value;
+    std::string name = arg;
+    if (arg == "--") {
+      ++i;
+      break;
+    } else if (arg == "-h" || arg == "--help") {
+      g_out.write(kUsage);
+      *status = 0;
+      return std::nullopt;
+    } else if (arg.rfind("--timeout=", 0) == 0) {
+      name = "--timeout";
+      value = arg.substr(10);
+    } else if (arg.rfind("-n", 0) == 0 && arg.size() > 2 && arg != "-n") {
+      name = "-n";
+      value = arg.substr(arg[2] == '=' ? 3 : 2);
+    } else if (arg == "-n" || arg == "--timeout") {
+      if (i + 1 >= argc) return fail(arg + " needs a value");
+      value = argv[++i];
+    } else if (!arg.empty() && arg[0] == '-') {
+      return fail("unknown option '" + arg + "'");
+    } else {
+      break;  // the program
+    }
+    if (name == "-n") {
+      auto v = parse_int(*value);
+      if (!v || *v < 1 || *v > kMaxRanks)
+        return fail("-n must be an integer from 1 to " + std::to_string(kMaxRanks) + ", not '" +
+                    *value + "'");
+      a.n = static_cast<int>(*v);
+      have_n = true;
+    } else {
+      a.timeout_s = parse_seconds(*value);
+      if (!a.timeout_s)
+        return fail("--timeout needs a positive number of seconds, not '" + *value + "'");
+      a.timeout_text = *value;
+    }
+  }
+  if (!have_n) return fail("-n N is required");
+  if (i >= argc) return fail("no program given");
+  for (; i < argc; ++i) a.command.emplace_back(argv[i]);
+  return a;
+}
+
+// Finds the program the way execvp would, but before any fork: the answer can then be reported
+// clearly and once, and the child needs only execve (execvp is not async-signal-safe).
+// Returns the path, or sets *status to 127 (not found) / 126 (not executable) and explains.
+std::optional<std::string> resolve_program(const std::string& program, int* status) {
+  auto usable = [](const std::string& path, int* err) {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) {
+      *err = errno;
+      return false;
+    }
+    if (!S_ISREG(st.st_mode)) {
+      *err = EACCES;
+      return false;
+    }
+    if (::access(path.c_str(), X_OK) != 0) {
+      *err = errno;
+      return false;
+    }
+    return true;
+  };
+  int err = ENOENT;
+  if (program.find('/') != std::string::npos) {
+    if (usable(program, &err)) return program;
+  } else {
+    // The default search path is glibc's, used when PATH is unset.
+    std::string path = ringreduce::core::env("PATH").value_or("/bin:/usr/bin");
+    bool denied = false;
+    size_t start = 0;
+    for (;;) {
+      size_t colon = path.find(':', start);
+      std::string dir = path.substr(start, colon == std::string::npos ? colon : colon - start);
+      std::string candidate = (dir.empty() ? "." : dir) + "/" + program;
+      int e = 0;
+      if (usable(candidate, &e)) return candidate;
+      denied = denied || e == EACCES;
+      if (colon == std::string::npos) break;
+      start = colon + 1;
+    }
+    err = denied ? EACCES : ENOENT;
+    if (err == ENOENT) {
+      say("program '" + program + "' not found in PATH");
+      *status = 127;
+      return std::nullopt;
+    }
+  }
+  say("cannot execute '" + program + "': " + std::strerror(err));
+  *status = err == ENOENT ? 127 : 126;
+  return std::nullopt;
+}
+
+// Every variable ringrun sets; inherited copies are dropped so the ranks see exactly one of each.
+const char* const kOwnVariables[] = {
+    "RINGREDUCE_RANK",       "RINGREDUCE_WORLD_SIZE", "RINGREDUCE_LOCAL_RANK",
+    "RINGREDUCE_LOCAL_SIZE", "RINGREDUCE_ADDR",       "RINGREDUCE_STORE_SERVER",
+};
+
+std::vector<std::string> inherited_environment() {
+  std::vector<std::string> out;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    std::string_view entry(*e);
+    std::string_view name = entry.substr(0, entry.find('='));
+    bool own = false;
+    for (const char* v : kOwnVariables) own = own || name == v;
+    if (!own) out.emplace_back(entry);
+  }
+  return out;
+}
+
+// What a freshly forked child needs, prepared before fork: between fork and exec the child of a
+// multi-threaded process (the store serves from a thread) may only make async-signal-safe calls.
+struct ExecPlan {
+  const char* path;
+  char* const* argv;
+  pid_t parent;
+  sigset_t mask;             // ringrun's original signal mask, restored in the rank
+  struct sigaction sigpipe;  // original dispositions ringrun changed
+  struct sigaction sigchld;
+  rlimit nofile;  // original RLIMIT_NOFILE, which ringrun may have raised
+  int stdin_fd, stdout_fd, stderr_fd, error_fd;
+};
+
+[[noreturn]] void exec_child(const ExecPlan& p, char* const* envp) {
+  int err = 0;
+  // Own process group: ringrun can signal the rank with everything it starts, and Ctrl-C at a
+  // terminal reaches ringrun alone, which decides what the ranks get.
+  if (::setpgid(0, 0) != 0) err = errno;
+  // If ringrun dies, even by SIGKILL, the rank goes too. The check after catches a ringrun that
+  // died before the prctl took effect.
+  if (err == 0 && ::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) err = errno;
+  if (err == 0 && ::getppid() != p.parent) ::_exit(127);
+  if (err == 0 && (::dup2(p.stdin_fd, STDIN_FILENO) < 0 || ::dup2(p.stdout_fd, STDOUT_FILENO) < 0 ||
+                   ::dup2(p.stderr_fd, STDERR_FILENO) < 0))
+    err = errno;
+  if (err == 0) {
+    ::sigaction(SIGPIPE, &p.sigpipe, nullptr);
+    ::sigaction(SIGCHLD, &p.sigchld, nullptr);
+    ::setrlimit(RLIMIT_NOFILE, &p.nofile);
+    // Descriptors ringrun did not open close-on-exec (the store's, or inherited ones) must not
+    // leak into the ranks; the error pipe stays usable until execve succeeds. Old kernels lack
+    // close_range; then O_CLOEXEC on our own descriptors is what we rely on.
+    ::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
+    ::sigprocmask(SIG_SETMASK, &p.mask, nullptr);
+    ::execve(p.path, p.argv, envp);
+    err = errno;
+  }
+  ssize_t ignored = ::write(p.error_fd, &err, sizeof(err));
+  (void)ignored;
+  ::_exit(127);
+}
+
+class Launcher {
+ public:
+  Launcher(const Args& args, std::string path, int port, int signal_fd, const ExecPlan& plan_base)
+      : args_(args), path_(std::move(path)), port_(port), signal_fd_(signal_fd), plan_(plan_base) {
+    ranks_.resize(static_cast<size_t>(args.n));
+    for (int i = 0; i < args.n; ++i) {
+      ranks_[i].index = i;
+      ranks_[i].out.sink = &g_out;
+      ranks_[i].err.sink = &g_err;
+      prefixes_.push_back("[" + std::to_string(i) + "] ");
+    }
+  }
+
+  // The safety net for early exits (exceptions, a failed exec): nothing outlives ringrun.
+  ~Launcher() {
+    signal_all(SIGKILL);
+    reap_all(std::chrono::seconds(2));
+  }
+
+  Launcher(const Launcher&) = delete;
+  Launcher& operator=(const Launcher&) = delete;
+
+  // Forks every rank. Returns 0, or the exit status if a rank could not be started.
+  int start() {
+    UniqueFd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    if (!devnull.valid())
+      throw std::runtime_error(std::string("/dev/null: ") + std::strerror(errno));
+
+    std::vector<std::string> argv_storage = args_.command;
+    std::vector<char*> argv;
+    for (auto& a : argv_storage) argv.push_back(a.data());
+    argv.push_back(nullptr);
+
+    std::vector<std::string> env = inherited_environment();
+    env.push_back("RINGREDUCE_WORLD_SIZE=" + std::to_string(args_.n));
+    env.push_back("RINGREDUCE_LOCAL_SIZE=" + std::to_string(args_.n));
+    env.push_back("RINGREDUCE_ADDR=127.0.0.1:" + std::to_string(port_));
+    env.push_back("RINGREDUCE_STORE_SERVER=0");
+    size_t common = env.size();
+    env.emplace_back();
+    env.emplace_back();
+
+    for (Rank& r : ranks_) {
+      env[common] = "RINGREDUCE_RANK=" + std::to_string(r.index);
+      env[common + 1] = "RINGREDUCE_LOCAL_RANK=" + std::to_string(r.index);
+      std::vector<char*> envp;
+      for (auto& e : env) envp.push_back(e.data());
+      envp.push_back(nullptr);
+
+      UniqueFd out_w, err_w, status_r, status_w;
+      make_pipe(&r.out.fd, &out_w);
+      make_pipe(&r.err.fd, &err_w);
+      make_pipe(&status_r, &status_w);
+      ::fcntl(r.out.fd.get(), F_SETFL, O_NONBLOCK);
+      ::fcntl(r.err.fd.get(), F_SETFL, O_NONBLOCK);
+
+      ExecPlan plan = plan_;
+      plan.path = path_.c_str();
+      plan.argv = argv.data();
+      plan.stdin_fd = devnull.get();
+      plan.stdout_fd = out_w.get();
+      plan.stderr_fd = err_w.get();
+      plan.error_fd = status_w.get();
+
+      pid_t pid = ::fork();
+      if (pid < 0) {
+        say("fork failed for rank " + std::to_string(r.index) + ": " + std::strerror(errno));
+        return 1;
+      }
+      if (pid == 0) exec_child(plan, envp.data());
+      r.pid = pid;
+      r.running = true;
+      // Also set from this side, so that the group exists whichever process runs first.
+      ::setpgid(pid, pid);
+      out_w.reset();
+      err_w.reset();
+      status_w.reset();
+
+      // Wait for execve: EOF on the close-on-exec pipe means it succeeded; an errno means it did
+      // not. The child does nothing that can block before that, so this wait is short.
+      int child_errno = 0;
+      ssize_t n;
+      do {
+        n = ::read(status_r.get(), &child_errno, sizeof(child_errno));
+      } while (n < 0 && errno == EINTR);
+      if (n > 0) {
+        say("cannot execute '" + args_.command[0] + "' for rank " + std::to_string(r.index) + ": " +
+            std::strerror(child_errno));
+        return child_errno == ENOENT ? 127 : 126;
+      }
+    }
+    if (args_.timeout_s) {
+      timeout_at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                       std::chrono::duration<double>(*args_.timeout_s));
+    }
+    return 0;
+  }
+
+  // Runs the job to its end and returns ringrun's exit status.
+  int run() {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<Stream*, int>> streams;  // parallel to fds[1..]: stream, its rank
+    for (;;) {
+      auto now = Clock::now();
+      if (running_count() == 0) {
+        if (!drain_until_) {
+          // Whatever the ranks left in their process groups goes with them.
+          signal_all(SIGKILL);
+          drain_until_ = now + kDrainWait;
+        }
+        if (open_streams() == 0 || now >= *drain_until_) break;
+      }
+      check_deadlines(now);
+      if (gave_up_) break;
+
+      fds.clear();
+      streams.clear();
+      fds.push_back({signal_fd_, POLLIN, 0});
+      for (Rank& r : ranks_) {
+        for (Stream* s : {&r.out, &r.err}) {
+          if (!s->fd.valid()) continue;
+          fds.push_back({s->fd.get(), POLLIN, 0});
+          streams.emplace_back(s, r.index);
+        }
+      }
+      int rc = ::poll(fds.data(), fds.size(), poll_timeout_ms(Clock::now()));
+      if (rc < 0 && errno != EINTR)
+        throw std::runtime_error(std::string("poll: ") + std::strerror(errno));
+      if (rc <= 0) continue;
+      if (fds[0].revents != 0) handle_signals();
+      for (size_t i = 1; i < fds.size(); ++i) {
+        auto [stream, rank] = streams[i - 1];
+        // A stream may have been drained to EOF already when its rank's exit was handled.
+        if (fds[i].revents != 0 && stream->fd.valid()) pump(*stream, prefixes_[rank]);
+      }
+    }
+    // Output still held open by escaped descendants: emit what arrived, then stop listening.
+    for (Rank& r : ranks_) {
+      for (Stream* s : {&r.out, &r.err}) {
+        if (s->fd.valid() && !s->pending.empty()) {
+          s->sink->write(prefixes_[r.index] + s->pending + "\n");
+          s->pending.clear();
+        }
+        s->fd.reset();
+      }
+    }
+    reap_all(std::chrono::seconds(1));
+    if (exit_code_) return *exit_code_;
+    if (interrupted_by_ != 0) return 128 + interrupted_by_;
+    return 0;
+  }
+
+ private:
+  enum class Phase { running, terminating, killing };
+
+  int running_count() const {
+    int n = 0;
+    for (const Rank& r : ranks_) n += r.running ? 1 : 0;
+    return n;
+  }
+
+  int open_streams() const {
+    int n = 0;
+    for (const Rank& r : ranks_) n += (r.out.fd.valid() ? 1 : 0) + (r.err.fd.valid() ? 1 : 0);
+    return n;
+  }
+
+  std::vector<int> running_ranks() const {
+    std::vector<int> out;
+    for (const Rank& r : ranks_)
+      if (r.running) out.push_back(r.index);
+    return out;
+  }
+
+  // Signals every rank's process group, and a running rank directly if it left its group. Groups
+  // of exited ranks are signalled too: their zombies keep the group id reserved (see the top).
+  void signal_all(int sig) {
+    for (Rank& r : ranks_) {
+      if (r.pid <= 0) continue;
+      ::kill(-r.pid, sig);
+      if (r.running && ::getpgid(r.pid) != r.pid) ::kill(r.pid, sig);
+    }
+  }
+
+  // TERM, and CONT so that a stopped rank can act on it; SIGKILL follows after the grace.
+  void begin_shutdown(Clock::time_point now) {
+    if (phase_ != Phase::running) return;
+    signal_all(SIGTERM);
+    signal_all(SIGCONT);
+    phase_ = Phase::terminating;
+    phase_deadline_ = now + kGrace;
+  }
+
+  void kill_now(Clock::time_point now) {
+    signal_all(SIGKILL);
+    phase_ = Phase::killing;
+    phase_deadline_ = now + kKillWait;
+  }
+
+  void check_deadlines(Clock::time_point now) {
+    if (running_count() == 0) return;
+    if (phase_ == Phase::running && timeout_at_ && now >= *timeout_at_) {
+      say("timeout after " + args_.timeout_text + " s, killing ranks " +
+          rank_list(running_ranks()));
+      exit_code_ = 124;
+      begin_shutdown(now);
+    } else if (phase_ == Phase::terminating && now >= phase_deadline_) {
+      say("ranks " + rank_list(running_ranks()) + " still running " +
+          std::to_string(std::chrono::duration_cast<std::chrono::seconds>(kGrace).count()) +
+          " s after SIGTERM, sending SIGKILL");
+      kill_now(now);
+    } else if (phase_ == Phase::killing && now >= phase_deadline_) {
+      say("ranks " + rank_list(running_ranks()) + " did not exit after SIGKILL; giving up on them");
+      gave_up_ = true;
+    }
+  }
+
+  int poll_timeout_ms(Clock::time_point now) const {
+    std::optional<Clock::time_point> next;
+    auto consider = [&](Clock::time_point t) {
+      if (!next || t < *next) next = t;
+    };
+    if (phase_ == Phase::running && timeout_at_) consider(*timeout_at_);
+    if (phase_ != Phase::running) consider(phase_deadline_);
+    if (drain_until_) consider(*drain_until_);
+    if (!next) return -1;  // nothing is due: only a signal or output can change anything
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(*next - now).count() + 1;
+    return static_cast<int>(std::clamp<long long>(ms, 0, 1 << 30));
+  }
+
+  void handle_signals() {
+    // Bounded: the signalfd holds at most one pending instance of each blocked signal.
+    for (int i = 0; i < 64; ++i) {
+      signalfd_siginfo info;
+      ssize_t n = ::read(signal_fd_, &info, sizeof(info));
+      if (n != static_cast<ssize_t>(sizeof(info))) break;
+      int sig = static_cast<int>(info.ssi_signo);
+      auto now = Clock::now();
+      if (sig == SIGCHLD) {
+        collect_exits(now);
+      } else if (sig == SIGINT && ++sigint_count_ >= 2) {
+        say("second SIGINT, killing ranks " + rank_list(running_ranks()));
+        if (interrupted_by_ == 0) interrupted_by_ = sig;
+        kill_now(now);
+      } else {
+        say(signal_name(sig) + " received, forwarding it to the ranks" +
+            (sig == SIGINT ? " (a second SIGINT kills them)" : ""));
+        if (interrupted_by_ == 0) interrupted_by_ = sig;
+        signal_all(sig);
+      }
+    }
+  }
+
+  // Notes every rank that has exited, leaving it a zombie (WNOWAIT). SIGCHLDs merge, so all
+  // running ranks are checked on each one.
+  void collect_exits(Clock::time_point now) {
+    for (Rank& r : ranks_) {
+      if (!r.running) continue;
+      siginfo_t si{};
+      if (::waitid(P_PID, static_cast<id_t>(r.pid), &si, WEXITED | WNOHANG | WNOWAIT) != 0)
+        continue;
+      if (si.si_pid != r.pid) continue;
+      r.running = false;
+      // What the rank wrote before it died comes out before the news of its death: a dead
+      // writer's pipe holds at most its capacity, so a few reads drain it.
+      for (Stream* s : {&r.out, &r.err}) {
+        for (int i = 0; i < 64 && s->fd.valid(); ++i)
+          if (pump(*s, prefixes_[r.index]) != Pump::more) break;
+      }
+      int code = 0;
+      std::string how;
+      if (si.si_code == CLD_EXITED) {
+        code = si.si_status;
+        how = "exited with code " + std::to_string(code);
+      } else {
+        code = 128 + si.si_status;
+        how = "killed by signal " + std::to_string(si.si_status) + " (" +
+              signal_name(si.si_status) + (si.si_code == CLD_DUMPED ? ", core dumped)" : ")");
+      }
+      // A failure while the job runs is news and ends the job; deaths ringrun causes while tearing
+      // down are not. After an interrupt was forwarded, a rank dying by a signal is the expected
+      // consequence, and the exit status stays 128 + that interrupt.
+      if (code != 0 && phase_ == Phase::running) {
+        bool caused_by_us = interrupted_by_ != 0 && si.si_code != CLD_EXITED;
+        if (!caused_by_us) say("rank " + std::to_string(r.index) + " " + how);
+        if (interrupted_by_ == 0) exit_code_ = code;
+        begin_shutdown(now);
+      }
+    }
+  }
+
+  // Reaps every forked rank, waiting at most `limit` for those still alive.
+  void reap_all(Clock::duration limit) {
+    auto until = Clock::now() + limit;
+    for (Rank& r : ranks_) {
+      while (r.pid > 0) {
+        pid_t got = ::waitpid(r.pid, nullptr, WNOHANG);
+        if (got == r.pid || (got < 0 && errno != EINTR)) {
+          r.pid = -1;
+          r.running = false;
+        } else if (Clock::now() >= until) {
+          break;
+        } else {
+          ::poll(nullptr, 0, 10);  // SIGKILLed already; only a short wait for the kernel
+        }
+      }
+    }
+  }
+
+  const Args& args_;
+  std::string path_;
+  int port_;
+  int signal_fd_;
+  ExecPlan plan_;
+  std::vector<Rank> ranks_;
+  std::vector<std::string> prefixes_;
+
+  std::optional<Clock::time_point> timeout_at_;
+  std::optional<Clock::time_point> drain_until_;
+  Phase phase_ = Phase::running;
+  Clock::time_point phase_deadline_;
+  std::optional<int> exit_code_;
+  int interrupted_by_ = 0;
+  int sigint_count_ = 0;
+  bool gave_up_ = false;
+};
+
+// A missing stdin/stdout/stderr would let a pipe land on fd 0..2 and be clobbered by dup2.
+void ensure_standard_fds() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) < 0 && errno == EBADF) {
+      int n = ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+      if (n >= 0 && n != fd) {
+        ::dup2(n, fd);
+        ::close(n);
+      }
+    }
+  }
+}
+
+int run(int argc, char** argv) {
+  ensure_standard_fds();
+  int status = 0;
+  auto args = parse_args(argc, argv, &status);
+  if (!args) return status;
+  auto path = resolve_program(args->command[0], &status);
+  if (!path) return status;
+
+  ExecPlan plan{};
+  plan.parent = ::getpid();
+
+  // Block the signals ringrun handles before any thread exists (the store's thread inherits the
+  // mask), so that they are only ever delivered through the signalfd.
+  sigset_t handled;
+  sigemptyset(&handled);
+  sigaddset(&handled, SIGINT);
+  sigaddset(&handled, SIGTERM);
+  sigaddset(&handled, SIGCHLD);
+  ::pthread_sigmask(SIG_BLOCK, &handled, &plan.mask);
+  UniqueFd signal_fd(::signalfd(-1, &handled, SFD_NONBLOCK | SFD_CLOEXEC));
+  if (!signal_fd.valid()) {
+    say(std::string("signalfd: ") + std::strerror(errno));
+    return 1;
+  }
+  // A consumer of our stdout going away must not kill the launcher (and orphan output handling);
+  // an inherited SIGCHLD=SIG_IGN would make the kernel reap the ranks before we see their status.
+  struct sigaction dfl {
+  }, ign{};
+  dfl.sa_handler = SIG_DFL;
+  ign.sa_handler = SIG_IGN;
+  ::sigaction(SIGPIPE, &ign, &plan.sigpipe);
+  ::sigaction(SIGCHLD, &dfl, &plan.sigchld);
+
+  // Per rank: two pipe ends here and one store connection, plus slack. Raise the soft limit if
+  // needed; the ranks get the original back.
+  ::getrlimit(RLIMIT_NOFILE, &plan.nofile);
+  rlim_t needed = static_cast<rlim_t>(3 * args->n + 64);
+  if (plan.nofile.rlim_cur != RLIM_INFINITY && plan.nofile.rlim_cur < needed) {
+    rlimit raised = plan.nofile;
+    raised.rlim_cur =
+        plan.nofile.rlim_max == RLIM_INFINITY ? needed : std::min(needed, plan.nofile.rlim_max);
+    ::setrlimit(RLIMIT_NOFILE, &raised);
+    rlimit now{};
+    ::getrlimit(RLIMIT_NOFILE, &now);
+    if (now.rlim_cur < needed) {
+      say("-n " + std::to_string(args->n) + " needs about " + std::to_string(needed) +
+          " open files, but the limit is " + std::to_string(now.rlim_cur) + " (see ulimit -n)");
+      return 1;
+    }
+  }
+
+  ringreduce::rendezvous::TcpStoreServer store("127.0.0.1", 0);
+  // Declared after the store: ranks are killed and reaped before the store they use goes away.
+  Launcher launcher(*args, *path, store.port(), signal_fd.get(), plan);
+  if (int rc = launcher.start(); rc != 0) return rc;
+  return launcher.run();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    say(e.what());
+    return 1;
+  }
+}
