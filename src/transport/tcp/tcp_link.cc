@@ -101,7 +101,10 @@ void TcpLink::on_writable() {
     if (w < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-      peer_failed("closed the connection", errno);
+      const int err = errno;
+      // A peer that failed told us why before it went away; its notice beats "broken pipe".
+      read_pending_notice();
+      peer_failed("closed the connection", err);
     }
     size_t left = static_cast<size_t>(w);
     budget -= std::min(budget, left);
@@ -284,6 +287,16 @@ void TcpLink::on_readable() {
     if (errno == EAGAIN || errno == EWOULDBLOCK) return;
     return peer_closed(errno);
   }
+}
+
+void TcpLink::read_pending_notice() {
+  if (!inbox_) inbox_ = std::make_unique<char[]>(kInboxBytes);
+  for (int i = 0; i < 64 && inbox_end_ < kInboxBytes; ++i) {
+    ssize_t r = ::recv(fd_.get(), inbox_.get() + inbox_end_, kInboxBytes - inbox_end_, MSG_DONTWAIT);
+    if (r <= 0) break;
+    inbox_end_ += static_cast<size_t>(r);
+  }
+  drain_inbox();  // throws the notice if it is at the head of what arrived
 }
 
 void TcpLink::peer_closed(int err) {

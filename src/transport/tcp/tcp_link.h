@@ -74,6 +74,7 @@ class TcpLink final : public Link {
   void finish_recv();
   [[noreturn]] void peer_failed(const std::string& what, int err = 0);
   void peer_closed(int err);
+  void read_pending_notice();
 
   TcpTransport* owner_;
   int peer_;
