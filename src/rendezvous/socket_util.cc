@@ -1,0 +1,106 @@
+#include "rendezvous/socket_util.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+
+#include <cerrno>
+#include <cstdlib>
+
+namespace ringreduce::rendezvous {
+
+AddrInfoList resolve_tcp(const std::string& host, int port, bool passive, std::string* error) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_protocol = IPPROTO_TCP;
+  // No AI_ADDRCONFIG: it hides ::1 and 127.0.0.1 on hosts whose only addresses are loopback,
+  // which is exactly where tests and single-node jobs run.
+  hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
+  addrinfo* result = nullptr;
+  std::string service = std::to_string(port);
+  int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &result);
+  if (rc != 0) {
+    *error = "cannot resolve '" + host + "': " + gai_strerror(rc);
+    return nullptr;
+  }
+  return AddrInfoList(result);
+}
+
+std::string describe_address(const sockaddr* addr, socklen_t len) {
+  char host[NI_MAXHOST] = {};
+  char serv[NI_MAXSERV] = {};
+  if (getnameinfo(addr, len, host, sizeof(host), serv, sizeof(serv),
+                  NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+    return "?";
+  return join_host_port(host, std::atoi(serv));
+}
+
+std::string join_host_port(const std::string& host, int port) {
+  // An IPv6 literal needs brackets, or its colons would run into the port's.
+  if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
+  return host + ":" + std::to_string(port);
+}
+
+void set_nodelay(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+namespace {
+
+// Waits for `events` on fd until the deadline. Returns ok, timeout or error.
+IoResult wait_for(int fd, short events, const core::Deadline& deadline) {
+  // Bounded: poll() returns at the deadline at the latest; EINTR only re-polls what is left.
+  for (;;) {
+    pollfd p{fd, events, 0};
+    int rc = ::poll(&p, 1, deadline.remaining_ms());
+    if (rc > 0) return IoResult::ok;  // readiness or an error condition: the next call tells
+    if (rc == 0) return IoResult::timeout;
+    if (errno != EINTR) return IoResult::error;
+    if (deadline.expired()) return IoResult::timeout;
+  }
+}
+
+}  // namespace
+
+IoResult send_exact(int fd, const void* data, size_t len, const core::Deadline& deadline) {
+  const uint8_t* p = static_cast<const uint8_t*>(data);
+  // Bounded: every pass sends bytes, or waits (bounded by the deadline), or returns.
+  while (len > 0) {
+    ssize_t n = ::send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      p += n;
+      len -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return IoResult::error;
+    if (deadline.expired()) return IoResult::timeout;
+    IoResult w = wait_for(fd, POLLOUT, deadline);
+    if (w != IoResult::ok) return w;
+  }
+  return IoResult::ok;
+}
+
+IoResult recv_exact(int fd, void* data, size_t len, const core::Deadline& deadline) {
+  uint8_t* p = static_cast<uint8_t*>(data);
+  while (len > 0) {
+    ssize_t n = ::recv(fd, p, len, MSG_DONTWAIT);
+    if (n > 0) {
+      p += n;
+      len -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) return IoResult::closed;
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return IoResult::error;
+    if (deadline.expired()) return IoResult::timeout;
+    IoResult w = wait_for(fd, POLLIN, deadline);
+    if (w != IoResult::ok) return w;
+  }
+  return IoResult::ok;
+}
+
+}  // namespace ringreduce::rendezvous

@@ -1,0 +1,449 @@
+// The TCP store client. Each request takes a connection from a small pool, so that threads of
+// one process can share the store without queueing behind each other: a thread parked in a long
+// get() must not keep another thread from the set() that would satisfy it. A connection goes
+// back to the pool only after a complete, well-formed response; on any I/O error, timeout or
+// protocol violation it is closed, because its request/response stream is no longer in step.
+#include "rendezvous/tcp_store.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "core/fd.h"
+#include "core/log.h"
+#include "rendezvous/socket_util.h"
+#include "rendezvous/store_util.h"
+#include "rendezvous/tcp_store_wire.h"
+#include "ringreduce/error.h"
+
+namespace ringreduce::rendezvous {
+namespace {
+
+using core::Clock;
+using core::Deadline;
+using std::chrono::milliseconds;
+
+// Idle connections kept for reuse; more than this many concurrent requests open extra
+// connections that are closed afterwards.
+constexpr size_t kMaxIdle = 8;
+// Reconnect back-off: quick at first (the server is usually just starting), then gentle.
+constexpr milliseconds kBackoffFirst(10);
+constexpr milliseconds kBackoffMax(500);
+// One connect() attempt to one address waits at most this long, so that an address that drops
+// SYNs does not use up the whole timeout before the others are tried.
+constexpr milliseconds kConnectAttemptMax(10000);
+
+// A failure worth retrying until the deadline: refused, unreachable, reset, unresolvable.
+struct Retryable {
+  std::string reason;
+};
+
+std::string errno_text() {
+  return std::strerror(errno);
+}
+
+class TcpStoreClient : public Store {
+ public:
+  TcpStoreClient(std::string host, int port, milliseconds timeout)
+      : host_(std::move(host)),
+        port_(port),
+        timeout_(std::max(timeout, milliseconds(0))),
+        name_("TCP store at " + join_host_port(host_, port_)) {}
+
+  // Opens the first connection, retrying until the timeout: the server may start later.
+  void connect_first() { release(connect_with_retry(store_deadline(timeout_)), true); }
+
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    check_key(key);
+    if (value.size() > wire::kMaxValueBytes)
+      throw InvalidArgument(name_ + ": value of " + std::to_string(value.size()) +
+                            " bytes for key " + quote_key(key) + " exceeds the limit of " +
+                            std::to_string(wire::kMaxValueBytes));
+    std::vector<uint8_t> req;
+    wire::Writer w(&req);
+    w.begin(static_cast<uint8_t>(wire::Op::set));
+    w.str(key);
+    w.bytes(value.data(), value.size());
+    w.end();
+    call(wire::Op::set, req, store_deadline(timeout_), [](wire::Status s, wire::Reader& r) {
+      expect_ok(s);
+      r.expect_end();
+      return 0;
+    });
+  }
+
+  std::vector<uint8_t> get(const std::string& key, milliseconds timeout) override {
+    check_key(key);
+    std::vector<uint8_t> req;
+    wire::Writer w(&req);
+    w.begin(static_cast<uint8_t>(wire::Op::get));
+    w.u64(wire_timeout(timeout));
+    w.str(key);
+    w.end();
+    return call(wire::Op::get, req, response_deadline(timeout),
+                [&](wire::Status s, wire::Reader& r) {
+                  if (s == wire::Status::timeout) throw_timeout(r, timeout);
+                  expect_ok(s);
+                  auto v = r.value();
+                  r.expect_end();
+                  return v;
+                });
+  }
+
+  int64_t add(const std::string& key, int64_t delta) override {
+    check_key(key);
+    std::vector<uint8_t> req;
+    wire::Writer w(&req);
+    w.begin(static_cast<uint8_t>(wire::Op::add));
+    w.str(key);
+    w.u64(static_cast<uint64_t>(delta));
+    w.end();
+    return call(wire::Op::add, req, store_deadline(timeout_), [&](wire::Status s, wire::Reader& r) {
+      if (s == wire::Status::bad_request) {
+        std::string message = r.message();
+        r.expect_end();
+        throw InvalidArgument(name_ + ": " + message);
+      }
+      expect_ok(s);
+      auto v = static_cast<int64_t>(r.u64());
+      r.expect_end();
+      return v;
+    });
+  }
+
+  void wait(const std::vector<std::string>& keys, milliseconds timeout) override {
+    std::vector<uint8_t> req;
+    wire::Writer w(&req);
+    w.begin(static_cast<uint8_t>(wire::Op::wait));
+    w.u64(wire_timeout(timeout));
+    append_keys(&w, keys);
+    w.end();
+    call(wire::Op::wait, req, response_deadline(timeout), [&](wire::Status s, wire::Reader& r) {
+      if (s == wire::Status::timeout) throw_timeout(r, timeout);
+      expect_ok(s);
+      r.expect_end();
+      return 0;
+    });
+  }
+
+  bool check(const std::vector<std::string>& keys) override {
+    std::vector<uint8_t> req;
+    wire::Writer w(&req);
+    w.begin(static_cast<uint8_t>(wire::Op::check));
+    append_keys(&w, keys);
+    w.end();
+    return call(wire::Op::check, req, store_deadline(timeout_),
+                [&](wire::Status s, wire::Reader& r) {
+                  expect_ok(s);
+                  uint8_t v = r.u8();
+                  r.expect_end();
+                  if (v > 1) throw wire::ProtocolError("check answered " + std::to_string(v));
+                  return v == 1;
+                });
+  }
+
+ private:
+  void check_key(const std::string& key) const {
+    if (key.size() > wire::kMaxKeyBytes)
+      throw InvalidArgument(name_ + ": key of " + std::to_string(key.size()) +
+                            " bytes exceeds the limit of " + std::to_string(wire::kMaxKeyBytes) +
+                            ": " + quote_key(key));
+  }
+
+  void append_keys(wire::Writer* w, const std::vector<std::string>& keys) const {
+    if (keys.size() > wire::kMaxKeys)
+      throw InvalidArgument(name_ + ": " + std::to_string(keys.size()) +
+                            " keys in one request exceed the limit of " +
+                            std::to_string(wire::kMaxKeys));
+    w->u32(static_cast<uint32_t>(keys.size()));
+    for (const auto& k : keys) {
+      check_key(k);
+      w->str(k);
+    }
+  }
+
+  static uint64_t wire_timeout(milliseconds timeout) {
+    return static_cast<uint64_t>(std::max<int64_t>(timeout.count(), 0));
+  }
+
+  // The server answers a get/wait at its timeout; the client allows one more request timeout
+  // for the answer to arrive before it gives up on the server.
+  Deadline response_deadline(milliseconds timeout) const {
+    constexpr milliseconds kCap = std::chrono::hours(24 * 365 * 10);
+    return store_deadline(std::clamp(timeout, milliseconds(0), kCap) + timeout_);
+  }
+
+  static void expect_ok(wire::Status s) {
+    if (s != wire::Status::ok)
+      throw wire::ProtocolError("unexpected status " + std::to_string(static_cast<int>(s)));
+  }
+
+  // A get/wait the server timed out: the payload lists the keys still missing.
+  [[noreturn]] void throw_timeout(wire::Reader& r, milliseconds timeout) const {
+    std::vector<std::string> missing = r.keys();
+    r.expect_end();
+    throw TimeoutError(missing_keys_message(name_, missing, timeout));
+  }
+
+  // Sends one request and hands its response to `parse`, under the deadline. Errors that the
+  // server reported in a well-formed response (a timeout, a rejected add) leave the connection
+  // in step, so it goes back to the pool; anything else closes it.
+  template <typename Parse>
+  auto call(wire::Op op, const std::vector<uint8_t>& request, const Deadline& deadline, Parse parse)
+      -> decltype(parse(wire::Status::ok, std::declval<wire::Reader&>())) {
+    core::Fd fd = acquire(deadline);
+    std::vector<uint8_t> payload;
+    wire::Status status = exchange(fd, op, request, deadline, &payload);
+    wire::Reader reader(payload.data(), payload.size());
+    try {
+      auto result = parse(status, reader);
+      release(std::move(fd), false);
+      return result;
+    } catch (const wire::ProtocolError& e) {
+      throw PeerError(name_ + ": malformed " + wire::op_name(op) + " response: " + e.what(), -1);
+    } catch (const Error&) {
+      release(std::move(fd), false);
+      throw;
+    }
+  }
+
+  wire::Status exchange(const core::Fd& fd, wire::Op op, const std::vector<uint8_t>& request,
+                        const Deadline& deadline, std::vector<uint8_t>* payload) {
+    const char* what = wire::op_name(op);
+    io_or_throw(send_exact(fd.get(), request.data(), request.size(), deadline), what, "sending");
+    uint8_t header[wire::kFrameHeaderBytes];
+    io_or_throw(recv_exact(fd.get(), header, sizeof(header), deadline), what, "receiving");
+    uint8_t status = header[0];
+    uint32_t len = wire::load32(header + 1);
+    if (!wire::valid_status(status) || len > wire::kMaxResponsePayload)
+      throw PeerError(name_ + ": malformed " + what + " response (status " +
+                          std::to_string(status) + ", length " + std::to_string(len) + ")",
+                      -1);
+    payload->resize(len);
+    io_or_throw(recv_exact(fd.get(), payload->data(), len, deadline), what, "receiving");
+    return static_cast<wire::Status>(status);
+  }
+
+  void io_or_throw(IoResult r, const char* op, const char* doing) const {
+    switch (r) {
+      case IoResult::ok:
+        return;
+      case IoResult::timeout:
+        throw TimeoutError(name_ + ": no answer to " + op + " within the store timeout of " +
+                           std::to_string(timeout_.count()) + " ms");
+      case IoResult::closed:
+        throw PeerError(
+            name_ + ": the server closed the connection while " + doing + " a " + op + " request",
+            -1);
+      case IoResult::error:
+        throw PeerError(name_ + ": " + doing + " a " + op + " request failed: " + errno_text(), -1);
+    }
+  }
+
+  // A pooled connection, or a new one; connecting counts against the request's deadline.
+  core::Fd acquire(const Deadline& deadline) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!idle_.empty()) {
+        core::Fd fd = std::move(idle_.back());
+        idle_.pop_back();
+        return fd;
+      }
+    }
+    // Connecting outside the lock: other threads keep using the idle connections meanwhile.
+    return connect_with_retry(deadline.earliest(store_deadline(timeout_)));
+  }
+
+  void release(core::Fd fd, bool force) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (force || idle_.size() < kMaxIdle) idle_.push_back(std::move(fd));
+  }
+
+  core::Fd connect_with_retry(const Deadline& deadline) {
+    milliseconds backoff = kBackoffFirst;
+    std::string last_error = "no attempt was made";
+    // Bounded by the deadline: every pass either returns, throws, or sleeps toward it.
+    for (int attempt = 1;; ++attempt) {
+      try {
+        return connect_once(deadline);
+      } catch (const Retryable& r) {
+        last_error = r.reason;
+      }
+      if (deadline.expired())
+        throw TimeoutError(name_ + ": could not connect within " +
+                           std::to_string(timeout_.count()) + " ms (" + std::to_string(attempt) +
+                           " attempts; last: " + last_error + ")");
+      if (attempt == 1) RR_LOG(info, -1, name_, ": not reachable yet (", last_error, "); retrying");
+      std::this_thread::sleep_until(std::min(Clock::now() + backoff, deadline.at()));
+      backoff = std::min(backoff * 2, kBackoffMax);
+    }
+  }
+
+  core::Fd connect_once(const Deadline& deadline) {
+    std::string error;
+    AddrInfoList addrs = resolve_tcp(host_, port_, /*passive=*/false, &error);
+    if (!addrs) throw Retryable{error};
+    std::string reasons;
+    // Every address the name resolves to ("localhost" may be ::1 and 127.0.0.1), in order.
+    for (addrinfo* ai = addrs.get(); ai != nullptr; ai = ai->ai_next) {
+      std::string addr = describe_address(ai->ai_addr, ai->ai_addrlen);
+      core::Fd fd(
+          ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol));
+      if (!fd.valid()) {
+        reasons += (reasons.empty() ? "" : "; ") + addr + ": socket: " + errno_text();
+        continue;
+      }
+      Deadline attempt = deadline.earliest(Deadline::after(kConnectAttemptMax));
+      std::string why = connect_socket(fd.get(), ai, attempt);
+      if (why.empty()) why = hello(fd.get(), attempt);
+      if (why.empty()) {
+        set_nodelay(fd.get());
+        return fd;
+      }
+      reasons += (reasons.empty() ? "" : "; ") + addr + ": " + why;
+      if (deadline.expired()) break;
+    }
+    throw Retryable{reasons};
+  }
+
+  // Returns "" once connected, else the reason.
+  static std::string connect_socket(int fd, const addrinfo* ai, const Deadline& deadline) {
+    if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) return "";
+    // EINTR leaves a non-blocking connect running, just like EINPROGRESS.
+    if (errno != EINPROGRESS && errno != EINTR) return errno_text();
+    // Bounded: poll waits at most until the deadline; EINTR re-polls what is left of it.
+    for (;;) {
+      pollfd p{fd, POLLOUT, 0};
+      int rc = ::poll(&p, 1, deadline.remaining_ms());
+      if (rc > 0) break;
+      if (rc == 0 || deadline.expired()) return "connect timed out";
+      if (errno != EINTR) return std::string("poll: ") + errno_text();
+    }
+    // Writable means the connect finished; SO_ERROR says whether it succeeded.
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) return errno_text();
+    return err == 0 ? "" : std::strerror(err);
+  }
+
+  // The hello exchange; returns "" when the server accepted it. A server that answers with the
+  // wrong magic or another version is not a transient failure: that throws.
+  std::string hello(int fd, const Deadline& deadline) {
+    std::vector<uint8_t> msg;
+    wire::append_client_hello(&msg);
+    IoResult r = send_exact(fd, msg.data(), msg.size(), deadline);
+    uint8_t reply[wire::kHelloBytes];
+    if (r == IoResult::ok) r = recv_exact(fd, reply, sizeof(reply), deadline);
+    switch (r) {
+      case IoResult::ok:
+        break;
+      case IoResult::timeout:
+        return "no hello from the server in time";
+      case IoResult::closed:
+        return "the server closed the connection during the hello";
+      case IoResult::error:
+        return std::string("hello failed: ") + errno_text();
+    }
+    uint32_t magic = wire::load32(reply);
+    uint16_t version = wire::load16(reply + 4);
+    uint16_t status = wire::load16(reply + 6);
+    uint32_t challenge_len = wire::load32(reply + 8);
+    if (magic != wire::kMagic)
+      throw Error(name_ + ": the service at this address is not a ringreduce store (bad magic)");
+    if (status == static_cast<uint16_t>(wire::HelloStatus::bad_version))
+      throw Error(name_ + ": the server speaks store protocol version " + std::to_string(version) +
+                  ", this client version " + std::to_string(wire::kVersion));
+    if (status == static_cast<uint16_t>(wire::HelloStatus::auth_unsupported))
+      throw Error(name_ + ": the server does not offer the authentication this client asked for");
+    if (status != static_cast<uint16_t>(wire::HelloStatus::ok) || challenge_len != 0)
+      // A challenge is what an authenticating server sends; this client cannot answer one yet.
+      throw Error(name_ +
+                  ": the server requires a hello step this client does not support "
+                  "(status " +
+                  std::to_string(status) + ", challenge of " + std::to_string(challenge_len) +
+                  " bytes)");
+    return "";
+  }
+
+  const std::string host_;
+  const int port_;
+  const milliseconds timeout_;
+  const std::string name_;
+  std::mutex mu_;
+  std::vector<core::Fd> idle_;
+};
+
+}  // namespace
+
+std::shared_ptr<Store> connect_tcp_store(const std::string& host, int port,
+                                         std::chrono::milliseconds timeout) {
+  if (port <= 0 || port > 65535)
+    throw InvalidArgument("connect_tcp_store: port " + std::to_string(port) +
+                          " is not in 1..65535");
+  if (host.empty()) throw InvalidArgument("connect_tcp_store: the host name is empty");
+  auto store = std::make_shared<TcpStoreClient>(host, port, timeout);
+  store->connect_first();
+  return store;
+}
+
+void split_host_port(const std::string& addr, std::string* host, int* port) {
+  auto bad = [&](const std::string& why) {
+    return InvalidArgument("store address '" + addr + "' " + why +
+                           "; expected host:port, [ipv6]:port or an IPv6 address");
+  };
+  auto host_char_ok = [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+  };
+  auto parse_port = [&](const std::string& text) {
+    if (text.empty() || text.size() > 5 ||
+        !std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      throw bad("has port '" + text + "', which is not a number");
+    int p = std::stoi(text);
+    if (p > 65535) throw bad("has port " + text + ", which is above 65535");
+    return p;
+  };
+  if (addr.empty()) throw bad("is empty");
+  std::string h;
+  int p = -1;
+  if (addr.front() == '[') {
+    size_t close = addr.find(']');
+    if (close == std::string::npos) throw bad("has no closing ']'");
+    h = addr.substr(1, close - 1);
+    std::string rest = addr.substr(close + 1);
+    if (!rest.empty()) {
+      if (rest.front() != ':') throw bad("has '" + rest + "' after ']'");
+      p = parse_port(rest.substr(1));
+    }
+    in6_addr ignored{};
+    // A zone ("fe80::1%eth0") is not something inet_pton accepts; check the address part.
+    if (h.empty() || inet_pton(AF_INET6, h.substr(0, h.find('%')).c_str(), &ignored) != 1)
+      throw bad("has '" + h + "' in brackets, which is not an IPv6 address");
+  } else if (size_t colon = addr.find(':'); colon == std::string::npos) {
+    h = addr;  // a bare host; the caller supplies the port
+  } else if (addr.find(':', colon + 1) == std::string::npos) {
+    h = addr.substr(0, colon);
+    p = parse_port(addr.substr(colon + 1));
+  } else {
+    // Several colons and no brackets: only a whole IPv6 address makes sense.
+    in6_addr ignored{};
+    if (inet_pton(AF_INET6, addr.substr(0, addr.find('%')).c_str(), &ignored) != 1)
+      throw bad("is neither host:port nor an IPv6 address (write [ipv6]:port)");
+    h = addr;
+  }
+  if (h.empty()) throw bad("has no host");
+  if (addr.front() != '[' && h.find(':') == std::string::npos &&
+      !std::all_of(h.begin(), h.end(), host_char_ok))
+    throw bad("has host '" + h + "', which is not a host name or address");
+  *host = h;
+  *port = p;
+}
+
+}  // namespace ringreduce::rendezvous

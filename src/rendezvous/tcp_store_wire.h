@@ -1,0 +1,237 @@
+// The TCP store's wire format, shared by the server, the client and the tests that feed the
+// server malformed input. All integers are big-endian.
+//
+// Connection start (the "hello"):
+//   client -> server  magic u32 | version u16 | auth u16 | auth_len u32 | auth_len bytes
+//   server -> client  magic u32 | version u16 | status u16 | challenge_len u32 | challenge bytes
+// Today auth is always Auth::none with auth_len 0, and the server answers with challenge_len 0.
+// The auth fields are where a later change adds a shared-token HMAC challenge-response: the
+// client names the method in `auth`, the server sends a nonce as its challenge, and the client
+// proves it holds the token in one more message before any request is accepted.
+//
+// Then request/response frames, strictly one response per request, in order:
+//   request   op u8     | payload_len u32 | payload
+//   response  status u8 | payload_len u32 | payload
+// Request payloads (key = u32 length + bytes, value = u32 length + bytes):
+//   set   key, value                  -> ok: (empty)
+//   get   timeout_ms u64, key         -> ok: value           timeout: keys (the key)
+//   add   key, delta i64              -> ok: i64              bad_request: message
+//   wait  timeout_ms u64, n u32, keys -> ok: (empty)         timeout: keys still missing
+//   check n u32, keys                 -> ok: u8 (0 or 1)
+// The payload must be consumed exactly: trailing bytes are a protocol error. Every length is
+// checked against the limits below and against the bytes that remain before it is used, and a
+// peer that breaks any rule is disconnected.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ringreduce::rendezvous::wire {
+
+constexpr uint32_t kMagic = 0x52524b56;  // "RRKV"
+constexpr uint16_t kVersion = 1;
+
+constexpr size_t kMaxKeyBytes = 4096;
+constexpr size_t kMaxValueBytes = size_t{64} << 20;
+constexpr size_t kMaxKeys = 4096;
+constexpr size_t kMaxAuthBytes = 1024;
+constexpr size_t kMaxMessageBytes = 4096;
+
+constexpr size_t kHelloBytes = 12;
+constexpr size_t kFrameHeaderBytes = 5;
+
+enum class Auth : uint16_t { none = 0 };
+
+enum class HelloStatus : uint16_t {
+  ok = 0,
+  bad_version = 1,       // the server's hello carries the version it speaks
+  auth_unsupported = 2,  // the client asked for an auth method the server does not offer
+};
+
+enum class Op : uint8_t { set = 1, get = 2, add = 3, wait = 4, check = 5 };
+enum class Status : uint8_t { ok = 0, timeout = 1, bad_request = 2 };
+
+inline bool valid_op(uint8_t op) {
+  return op >= 1 && op <= 5;
+}
+inline bool valid_status(uint8_t s) {
+  return s <= 2;
+}
+inline const char* op_name(Op op) {
+  switch (op) {
+    case Op::set:
+      return "set";
+    case Op::get:
+      return "get";
+    case Op::add:
+      return "add";
+    case Op::wait:
+      return "wait";
+    case Op::check:
+      return "check";
+  }
+  return "?";
+}
+
+// The largest payload a well-formed request of this kind can have: the frame length is checked
+// against it before a single payload byte is buffered for parsing.
+constexpr size_t max_request_payload(Op op) {
+  constexpr size_t kKey = 4 + kMaxKeyBytes;
+  switch (op) {
+    case Op::set:
+      return kKey + 4 + kMaxValueBytes;
+    case Op::get:
+      return 8 + kKey;
+    case Op::add:
+      return kKey + 8;
+    case Op::wait:
+      return 8 + 4 + kMaxKeys * kKey;
+    case Op::check:
+      return 4 + kMaxKeys * kKey;
+  }
+  return 0;
+}
+// The largest response payload: a value (the key lists of a timeout are smaller).
+constexpr size_t kMaxResponsePayload = 4 + kMaxValueBytes;
+static_assert(4 + kMaxKeys * (4 + kMaxKeyBytes) <= kMaxResponsePayload);
+
+// Malformed input from the peer. Caught where the connection is owned, which then drops it.
+class ProtocolError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+inline uint16_t load16(const uint8_t* p) {
+  return static_cast<uint16_t>((p[0] << 8) | p[1]);
+}
+inline uint32_t load32(const uint8_t* p) {
+  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
+}
+inline uint64_t load64(const uint8_t* p) {
+  return (uint64_t{load32(p)} << 32) | load32(p + 4);
+}
+
+// Appends big-endian fields to a buffer.
+class Writer {
+ public:
+  explicit Writer(std::vector<uint8_t>* out) : out_(out) {}
+  void u8(uint8_t v) { out_->push_back(v); }
+  void u16(uint16_t v) {
+    u8(static_cast<uint8_t>(v >> 8));
+    u8(static_cast<uint8_t>(v));
+  }
+  void u32(uint32_t v) {
+    u16(static_cast<uint16_t>(v >> 16));
+    u16(static_cast<uint16_t>(v));
+  }
+  void u64(uint64_t v) {
+    u32(static_cast<uint32_t>(v >> 32));
+    u32(static_cast<uint32_t>(v));
+  }
+  void raw(const void* data, size_t len) {
+    const uint8_t* p = static_cast<const uint8_t*>(data);
+    out_->insert(out_->end(), p, p + len);
+  }
+  // Length-prefixed bytes. Callers have checked len against the wire limits.
+  void bytes(const void* data, size_t len) {
+    u32(static_cast<uint32_t>(len));
+    raw(data, len);
+  }
+  void str(const std::string& s) { bytes(s.data(), s.size()); }
+
+  // Frames: begin() writes the type byte and a placeholder length that end() fills in.
+  void begin(uint8_t type) {
+    start_ = out_->size();
+    u8(type);
+    u32(0);
+  }
+  void end() {
+    uint32_t len = static_cast<uint32_t>(out_->size() - start_ - kFrameHeaderBytes);
+    for (int i = 0; i < 4; ++i) (*out_)[start_ + 1 + i] = static_cast<uint8_t>(len >> (24 - 8 * i));
+  }
+
+ private:
+  std::vector<uint8_t>* out_;
+  size_t start_ = 0;
+};
+
+// Reads fields from a received payload; every read is bounds-checked and every length is checked
+// against its limit before it is used.
+class Reader {
+ public:
+  Reader(const uint8_t* data, size_t len) : p_(data), left_(len) {}
+  uint8_t u8() { return *take(1); }
+  uint32_t u32() { return load32(take(4)); }
+  uint64_t u64() { return load64(take(8)); }
+  std::string key() {
+    uint32_t len = u32();
+    if (len > kMaxKeyBytes)
+      throw ProtocolError("key length " + std::to_string(len) + " exceeds the limit of " +
+                          std::to_string(kMaxKeyBytes));
+    const uint8_t* p = take(len);
+    return std::string(reinterpret_cast<const char*>(p), len);
+  }
+  std::vector<uint8_t> value() {
+    uint32_t len = u32();
+    if (len > kMaxValueBytes)
+      throw ProtocolError("value length " + std::to_string(len) + " exceeds the limit of " +
+                          std::to_string(kMaxValueBytes));
+    const uint8_t* p = take(len);
+    return std::vector<uint8_t>(p, p + len);
+  }
+  std::string message() {
+    uint32_t len = u32();
+    if (len > kMaxMessageBytes) throw ProtocolError("message length " + std::to_string(len));
+    const uint8_t* p = take(len);
+    return std::string(reinterpret_cast<const char*>(p), len);
+  }
+  std::vector<std::string> keys() {
+    uint32_t n = u32();
+    // Each key takes at least its 4-byte length, so a count the payload cannot hold is rejected
+    // before anything is reserved for it.
+    if (n > kMaxKeys || size_t{n} * 4 > left_)
+      throw ProtocolError("key count " + std::to_string(n) + " exceeds the limit of " +
+                          std::to_string(kMaxKeys) + " or the payload");
+    std::vector<std::string> out;
+    out.reserve(n);
+    for (uint32_t i = 0; i < n; ++i) out.push_back(key());
+    return out;
+  }
+  void expect_end() const {
+    if (left_ != 0) throw ProtocolError(std::to_string(left_) + " unexpected trailing bytes");
+  }
+
+ private:
+  const uint8_t* take(size_t n) {
+    if (n > left_)
+      throw ProtocolError("field of " + std::to_string(n) + " bytes overruns the payload (" +
+                          std::to_string(left_) + " left)");
+    const uint8_t* p = p_;
+    p_ += n;
+    left_ -= n;
+    return p;
+  }
+  const uint8_t* p_;
+  size_t left_;
+};
+
+inline void append_client_hello(std::vector<uint8_t>* out, uint16_t version = kVersion) {
+  Writer w(out);
+  w.u32(kMagic);
+  w.u16(version);
+  w.u16(static_cast<uint16_t>(Auth::none));
+  w.u32(0);
+}
+
+inline void append_server_hello(std::vector<uint8_t>* out, HelloStatus status) {
+  Writer w(out);
+  w.u32(kMagic);
+  w.u16(kVersion);
+  w.u16(static_cast<uint16_t>(status));
+  w.u32(0);  // challenge length: no authentication yet
+}
+
+}  // namespace ringreduce::rendezvous::wire
