@@ -81,6 +81,7 @@ void for_each_segment(size_t offset, size_t count, size_t elem, size_t segment_b
 
 // The algorithms (one file each).
 void ring_allreduce(Context& ctx, const Args& a);
+void recursive_doubling_allreduce(Context& ctx, const Args& a);
 void ring_reduce_scatter(Context& ctx, const Args& a);
 void ring_allgather(Context& ctx, const Args& a);
 void chain_broadcast(Context& ctx, const Args& a);

@@ -25,6 +25,7 @@ const std::vector<Algorithm>& all_algorithms() {
       {"chain", Collective::reduce, 5, chain_reduce},
       {"pairwise", Collective::alltoall, 6, pairwise_alltoall},
       {"dissemination", Collective::barrier, 7, dissemination_barrier},
+      {"rd", Collective::allreduce, 8, recursive_doubling_allreduce},
   };
   return kAll;
 }

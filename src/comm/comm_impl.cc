@@ -97,6 +97,10 @@ CommImpl::CommImpl(const Options& options) : config_(overrides_from(options)) {
     RR_LOG(info, rank_, "launched by ", launch.launcher, " as rank ", rank_, " of ", size_,
            "; store at ", launch.store_host, ":", launch.store_port);
   }
+  if (config_.has("RINGREDUCE_TOKEN") && rank_ == 0)
+    RR_LOG(warn, rank_,
+           "RINGREDUCE_TOKEN is set but authentication is not implemented yet: connections are "
+           "NOT authenticated");
   if (core::log_enabled(core::LogLevel::info) && rank_ == 0)
     RR_LOG(info, rank_, "settings:\n", config_.dump());
 
@@ -147,7 +151,8 @@ CommImpl::~CommImpl() {
       op->finished.store(true);
     }
     if (driving_) transport_->interrupt("communicator destroyed");
-    cv_.notify_all();
+    done_cv_.notify_all();
+    progress_cv_.notify_all();
   }
   if (progress_thread_.joinable()) progress_thread_.join();
 }
@@ -226,7 +231,7 @@ std::shared_ptr<OpState> CommImpl::submit(const algorithms::Args& args, const Ca
   queue_.push_back(op);
   if (async) {
     if (!progress_thread_.joinable()) progress_thread_ = std::thread([this] { progress_loop(); });
-    cv_.notify_all();
+    if (!driving_) progress_cv_.notify_one();
   }
   return op;
 }
@@ -246,19 +251,30 @@ bool CommImpl::wait(OpState& op, std::optional<std::chrono::milliseconds> timeou
       lk.unlock();
       drive(&op);
       lk.lock();
-      driving_ = false;
-      cv_.notify_all();
+      release_driver();
       continue;
     }
-    if (!driving_ && timeout && !progress_thread_.joinable())
-      progress_thread_ = std::thread([this] { progress_loop(); });
+    if (!driving_ && timeout) {
+      if (!progress_thread_.joinable()) progress_thread_ = std::thread([this] { progress_loop(); });
+      progress_cv_.notify_one();  // make sure the progress thread looks at the queue
+    }
+    ++waiters_;
     if (timeout) {
-      cv_.notify_all();  // make sure the progress thread looks at the queue
-      if (cv_.wait_until(lk, until) == std::cv_status::timeout && !op.finished.load()) return false;
+      const bool expired = done_cv_.wait_until(lk, until) == std::cv_status::timeout;
+      --waiters_;
+      if (expired && !op.finished.load()) return false;
     } else {
-      cv_.wait(lk);
+      done_cv_.wait(lk);
+      --waiters_;
     }
   }
+}
+
+void CommImpl::release_driver() {
+  driving_ = false;
+  if (waiters_ > 0) done_cv_.notify_all();
+  if (progress_thread_.joinable() && !queue_.empty() && queue_.front()->async)
+    progress_cv_.notify_one();
 }
 
 void CommImpl::drive(OpState* target) {
@@ -329,7 +345,7 @@ void CommImpl::finish(OpState& op, std::exception_ptr error) {
   op.error = error;
   op.finished.store(true);
   if (!queue_.empty() && queue_.front().get() == &op) queue_.pop_front();
-  cv_.notify_all();
+  if (waiters_ > 0) done_cv_.notify_all();
 }
 
 void CommImpl::progress_loop() {
@@ -340,11 +356,10 @@ void CommImpl::progress_loop() {
       lk.unlock();
       drive(nullptr);
       lk.lock();
-      driving_ = false;
-      cv_.notify_all();
+      release_driver();
       continue;
     }
-    cv_.wait(lk);
+    progress_cv_.wait(lk);
   }
 }
 
@@ -371,9 +386,9 @@ void CommImpl::abort(const std::string& reason) {
     lk.unlock();
     transport_->abort(static_cast<int>(ErrorCode::aborted), msg);
     lk.lock();
-    driving_ = false;
+    release_driver();
   }
-  cv_.notify_all();
+  done_cv_.notify_all();
 }
 
 void* CommImpl::scratch(size_t bytes) {

@@ -66,6 +66,8 @@ class CommImpl {
   void run(OpState& op);
   void finish(OpState& op, std::exception_ptr error);
   void progress_loop();
+  // Gives up the driver role (mu_ held) and wakes whoever should drive or wait next.
+  void release_driver();
   void* scratch(size_t bytes);
 
   core::Config config_;
@@ -80,7 +82,11 @@ class CommImpl {
   size_t scratch_bytes_ = 0;
 
   std::mutex mu_;
-  std::condition_variable cv_;
+  // Two condition variables, so that finishing an op wakes only threads that wait for one: a
+  // needless wake-up of the progress thread costs the peer ranks a core for tens of µs.
+  std::condition_variable done_cv_;      // Work::wait callers while another thread drives
+  std::condition_variable progress_cv_;  // the progress thread
+  int waiters_ = 0;
   std::deque<std::shared_ptr<OpState>> queue_;
   uint64_t next_seq_ = 1;
   bool driving_ = false;

@@ -11,6 +11,9 @@ using algorithms::Collective;
 
 namespace {
 
+// Largest allreduce that recursive doubling takes (measured: docs/PERFORMANCE.md).
+constexpr size_t kRecursiveDoublingMaxBytes = 16 << 10;
+
 const Collective kAllCollectives[] = {Collective::allreduce, Collective::reduce_scatter,
                                       Collective::allgather, Collective::broadcast,
                                       Collective::reduce,    Collective::alltoall,
@@ -57,6 +60,11 @@ Plan Tuner::choose(const algorithms::Args& args) const {
   Plan plan;
   if (auto it = forced_.find(args.kind); it != forced_.end()) {
     plan.algorithm = it->second;
+  } else if (args.kind == Collective::allreduce && size_ > 2 &&
+             args.count * dtype_size(args.dtype) <= kRecursiveDoublingMaxBytes) {
+    // Small buffers: lg N exchanges beat 2(N-1) ring steps when latency dominates. At N = 2 the
+    // two are one exchange each way, and the ring's is cheaper (no scratch, no extra pass).
+    plan.algorithm = algorithms::find_algorithm(Collective::allreduce, "rd");
   } else {
     for (const auto& a : algorithms::all_algorithms())
       if (a.kind == args.kind) {

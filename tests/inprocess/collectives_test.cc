@@ -39,9 +39,11 @@ std::string what(const char* call, int n, size_t count, DataType t, ReduceOp op,
 
 class Matrix : public ::testing::TestWithParam<int> {};
 
-TEST_P(Matrix, AllreduceEveryDtypeOpCountPlacement) {
-  const int n = GetParam();
+// Every allreduce algorithm runs the whole matrix: forced, and as the tuner picks.
+void allreduce_matrix(int n, const std::string& algo) {
   Expected expected;
+  std::map<std::string, std::string> settings;
+  if (!algo.empty()) settings["RINGREDUCE_ALGO"] = "allreduce:" + algo;
   run_ranks(n, [&](Communicator& comm) {
     for (size_t count : counts_for(n))
       for (DataType t : all_dtypes())
@@ -53,13 +55,20 @@ TEST_P(Matrix, AllreduceEveryDtypeOpCountPlacement) {
             void* dst = in_place ? in.data() : out.data();
             comm.allreduce(in.data(), dst, count, t, op);
             const auto& want = expected.get(n, count, t, op);
-            ASSERT_EQ(0, std::memcmp(dst, want.data(), bytes)) << what("allreduce", n, count, t, op, in_place);
+            ASSERT_EQ(0, std::memcmp(dst, want.data(), bytes))
+                << what(("allreduce/" + (algo.empty() ? "tuner" : algo)).c_str(), n, count, t, op, in_place);
             if (!in_place) {
               // Out of place never writes the input.
               ASSERT_EQ(0, std::memcmp(in.data(), make_input(comm.rank(), count, t, op).data(), bytes));
             }
           }
-  });
+  }, settings);
+}
+
+TEST_P(Matrix, AllreduceTunerEveryDtypeOpCountPlacement) { allreduce_matrix(GetParam(), ""); }
+TEST_P(Matrix, AllreduceRingEveryDtypeOpCountPlacement) { allreduce_matrix(GetParam(), "ring"); }
+TEST_P(Matrix, AllreduceRecursiveDoublingEveryDtypeOpCountPlacement) {
+  allreduce_matrix(GetParam(), "rd");
 }
 
 TEST_P(Matrix, AllreduceTinySegmentsPipeline) {
@@ -82,7 +91,7 @@ TEST_P(Matrix, AllreduceTinySegmentsPipeline) {
                     << what("allreduce/8B segments", n, count, t, op, in_place);
               }
       },
-      {{"RINGREDUCE_SEGMENT_BYTES", "8"}});
+      {{"RINGREDUCE_SEGMENT_BYTES", "8"}, {"RINGREDUCE_ALGO", "allreduce:ring"}});
 }
 
 TEST_P(Matrix, ReduceScatterAllgatherBroadcastReduceAlltoall) {

@@ -52,7 +52,12 @@ TcpTransport::TcpTransport(const TcpOptions& opts, const core::Config& config, S
   ev.data.ptr = nullptr;  // the wake-up fd
   epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_.get(), &ev);
   links_.resize(static_cast<size_t>(opts_.size) * static_cast<size_t>(opts_.channels));
-  if (opts_.size > 1) connect_mesh(config, store, deadline);
+  if (opts_.size > 1) {
+    connect_mesh(config, store, deadline);
+  } else {
+    // Nothing to connect, but a bad interface setting should fail now, not when the job grows.
+    choose_data_address(config, opts_.store_host);
+  }
 }
 
 TcpTransport::~TcpTransport() = default;

@@ -1,0 +1,316 @@
+// Communicator behaviour beyond the numbers: async Work, deadlines that name the rank waited on,
+// mismatches, abort, bad arguments, IPv6 and interface choice, strangers at start-up, the C ABI.
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <numeric>
+
+#include "harness.h"
+#include "rendezvous/tcp_store.h"
+#include "ringreduce/ringreduce.h"
+#include "transport/tcp/socket.h"
+
+namespace rrtest {
+namespace {
+
+using namespace std::chrono_literals;
+using ringreduce::Communicator;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+TEST(Comm, AsyncOpsCompleteInIssueOrderAndOverlapTheCaller) {
+  run_ranks(3, [](Communicator& comm) {
+    std::vector<std::vector<float>> bufs(8, std::vector<float>(100000));
+    std::vector<ringreduce::Work> works;
+    for (size_t i = 0; i < bufs.size(); ++i) {
+      std::fill(bufs[i].begin(), bufs[i].end(), float(i + comm.rank()));
+      works.push_back(comm.allreduce_async(std::span<float>(bufs[i]), ReduceOp::sum));
+    }
+    // test() never blocks; wait(timeout) returns once done.
+    (void)works.back().test();
+    ASSERT_TRUE(works.back().wait(30s));
+    for (size_t i = 0; i < bufs.size(); ++i) {
+      EXPECT_TRUE(works[i].test());  // issue order: the last one done means all are
+      EXPECT_EQ(bufs[i][12345], float(3 * i + 0 + 1 + 2));
+    }
+    EXPECT_NE(works[0].algorithm().find("ring"), std::string::npos);
+  });
+}
+
+TEST(Comm, BlockingAndAsyncCallsMix) {
+  run_ranks(2, [](Communicator& comm) {
+    std::vector<int32_t> a(1000, comm.rank() + 1), b(1000, 10);
+    auto w = comm.allreduce_async(std::span<int32_t>(a), ReduceOp::sum);
+    comm.allreduce(std::span<int32_t>(b), ReduceOp::max);  // runs after w, in issue order
+    w.wait();
+    EXPECT_EQ(a[0], 3);
+    EXPECT_EQ(b[999], 10);
+    comm.barrier();
+  });
+}
+
+TEST(Comm, TimeoutNamesTheRankWaitedOnOpAndSequence) {
+  // Rank 2 never calls the second allreduce. Rank 3 receives from rank 2 in the ring: it times
+  // out naming rank 2, and its notice fails ranks 0 and 1; all name the op and its sequence.
+  std::vector<std::string> messages(4);
+  run_ranks(
+      4,
+      [&](Communicator& comm) {
+        std::vector<float> buf(1024, 1.0f);
+        comm.allreduce(std::span<float>(buf), ReduceOp::sum);
+        if (comm.rank() == 2) {
+          std::this_thread::sleep_for(2500ms);  // outlive the others' deadline, then leave
+          return;
+        }
+        auto start = Clock::now();
+        try {
+          // Rank 3 has the shortest deadline, so it is the one that reports first.
+          comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::f32, ReduceOp::sum,
+                         {.timeout = comm.rank() == 3 ? 500ms : 1500ms});
+          ADD_FAILURE() << "no timeout on rank " << comm.rank();
+        } catch (const ringreduce::TimeoutError& e) {
+          EXPECT_LT(seconds_since(start), 1.0);
+          messages[static_cast<size_t>(comm.rank())] = e.what();
+        } catch (const ringreduce::Error& e) {
+          // A rank whose neighbour timed out first may get that rank's notice instead.
+          messages[static_cast<size_t>(comm.rank())] = e.what();
+        }
+        // After a failure every later op fails fast with the same cause.
+        auto t = Clock::now();
+        EXPECT_THROW(comm.barrier(), ringreduce::Error);
+        EXPECT_LT(seconds_since(t), 0.5);
+      },
+      {}, 30s);
+  EXPECT_NE(messages[3].find("rank 3: allreduce #2 (float x 1024, sum): timed out waiting for rank 2"),
+            std::string::npos)
+      << messages[3];
+  for (int r : {0, 1}) EXPECT_NE(messages[static_cast<size_t>(r)].find("allreduce #2"), std::string::npos) << messages[static_cast<size_t>(r)];
+}
+
+TEST(Comm, MismatchedDtypeOpRootAndKindAreNamedOnEveryRank) {
+  struct Case {
+    const char* name;
+    std::function<void(Communicator&)> call;
+  };
+  std::vector<Case> cases = {
+      {"dtype", [](Communicator& c) {
+         std::vector<double> d(64);
+         c.allreduce(d.data(), d.data(), 64, c.rank() == 1 ? DataType::f32 : DataType::f64, ReduceOp::sum);
+       }},
+      {"op", [](Communicator& c) {
+         std::vector<float> d(64);
+         c.allreduce(d.data(), d.data(), 64, DataType::f32, c.rank() == 0 ? ReduceOp::max : ReduceOp::sum);
+       }},
+      {"root", [](Communicator& c) {
+         std::vector<float> d(64);
+         c.broadcast(d.data(), 64, DataType::f32, c.rank() == 2 ? 1 : 0);
+       }},
+      {"kind", [](Communicator& c) {
+         std::vector<float> d(64 * 3);
+         if (c.rank() == 1) c.allgather(d.data(), d.data(), 64, DataType::f32);
+         else c.allreduce(d.data(), d.data(), 64 * 3, DataType::f32, ReduceOp::sum);
+       }},
+  };
+  for (auto& cs : cases) {
+    std::atomic<int> mismatches{0};
+    run_ranks(
+        3,
+        [&](Communicator& comm) {
+          auto start = Clock::now();
+          try {
+            cs.call(comm);
+            // A rank that only sends in this op cannot see the mismatch without an extra round
+            // trip; it learns of it, from the rank that did, on its next call.
+            comm.barrier();
+            ADD_FAILURE() << cs.name << ": rank " << comm.rank() << " saw no error";
+          } catch (const ringreduce::MismatchError& e) {
+            EXPECT_LT(seconds_since(start), 5.0);
+            EXPECT_NE(std::string(e.what()).find("rank " + std::to_string(comm.rank()) + ": "), std::string::npos);
+            ++mismatches;
+          }
+        },
+        {}, 20s);
+    EXPECT_EQ(mismatches.load(), 3) << cs.name;
+  }
+}
+
+TEST(Comm, AbortFromAnotherThreadFailsPendingAndLaterOpsQuickly) {
+  run_ranks(2, [](Communicator& comm) {
+    if (comm.rank() == 1) {
+      // Rank 1 never joins the barrier: only abort() can end rank 0's wait.
+      std::this_thread::sleep_for(1500ms);
+      return;
+    }
+    std::vector<float> buf(1 << 20);
+    std::thread killer([&] {
+      std::this_thread::sleep_for(200ms);
+      comm.abort("test abort");
+    });
+    auto start = Clock::now();
+    // A barrier rank 1 never joins: only abort() can end it.
+    EXPECT_THROW(comm.barrier(), ringreduce::Error);
+    const double took = seconds_since(start);
+    EXPECT_LT(took, 0.2 + 0.1 + 0.2);  // abort is seen within 100 ms (plus scheduling slack)
+    killer.join();
+    auto t = Clock::now();
+    try {
+      comm.allreduce(std::span<float>(buf), ReduceOp::sum);
+      ADD_FAILURE() << "op after abort succeeded";
+    } catch (const ringreduce::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("test abort"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(seconds_since(t), 0.1);
+  });
+}
+
+TEST(Comm, BadArgumentsNameRankAndCallAndDoNotAbort) {
+  run_ranks(2, [](Communicator& comm) {
+    std::vector<float> buf(16);
+    try {
+      comm.broadcast(buf.data(), buf.size(), DataType::f32, 5);
+      ADD_FAILURE();
+    } catch (const ringreduce::InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("rank " + std::to_string(comm.rank()) + ": broadcast #1"),
+                std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("root 5"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(comm.allreduce(nullptr, nullptr, 4, DataType::f32, ReduceOp::sum), ringreduce::InvalidArgument);
+    EXPECT_THROW(comm.alltoall(buf.data(), buf.data(), 8, DataType::f32), ringreduce::InvalidArgument);
+    // The communicator is still good, and sequence numbers stayed aligned.
+    comm.allreduce(std::span<float>(buf), ReduceOp::sum);
+  });
+}
+
+TEST(Comm, WorldOfOneIsACopy) {
+  run_ranks(1, [](Communicator& comm) {
+    std::vector<float> in(1000, 2.5f), out(1000);
+    comm.allreduce(std::span<const float>(in), std::span<float>(out), ReduceOp::avg);
+    EXPECT_EQ(out[999], 2.5f);
+    comm.barrier();
+  });
+}
+
+TEST(Comm, Ipv6DataConnections) {
+  {
+    ringreduce::transport::tcp::SockAddr probe;
+    ringreduce::transport::tcp::parse_numeric("::1", 0, &probe);
+    int fd = socket(AF_INET6, SOCK_STREAM, 0);
+    bool ok = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&probe.storage), probe.len) == 0;
+    if (fd >= 0) close(fd);
+    if (!ok) GTEST_SKIP() << "no IPv6 loopback on this machine";
+  }
+  run_ranks(3, [](Communicator& comm) {
+    std::vector<int64_t> buf(1000, comm.rank());
+    comm.allreduce(std::span<int64_t>(buf), ReduceOp::sum);
+    EXPECT_EQ(buf[0], 3);
+  }, {{"RINGREDUCE_SOCKET_FAMILY", "AF_INET6"}});
+}
+
+TEST(Comm, InterfaceByName) {
+  run_ranks(2, [](Communicator& comm) {
+    std::vector<float> buf(10, 1.0f);
+    comm.allreduce(std::span<float>(buf), ReduceOp::sum);
+    EXPECT_EQ(buf[0], 2.0f);
+  }, {{"RINGREDUCE_SOCKET_IFNAME", "=lo"}, {"RINGREDUCE_SOCKET_FAMILY", "AF_INET"}});
+  // Checked at start-up even when there is nobody to connect to.
+  EXPECT_THROW(run_ranks(1, [](Communicator&) {}, {{"RINGREDUCE_SOCKET_IFNAME", "=nosuchif0"}}),
+               ringreduce::InvalidArgument);
+}
+
+TEST(Comm, StrangersAtStartUpAreDroppedAndTheJobConnects) {
+  // Rank 0 publishes its address; before rank 1 starts, strangers connect to it: one sends
+  // garbage, one a hello with another communicator id, one says nothing at all.
+  auto store = ringreduce::make_memory_store();
+  std::vector<std::exception_ptr> errors(2);
+  std::thread rank0([&] {
+    try {
+      ringreduce::Options o;
+      o.rank = 0;
+      o.world_size = 2;
+      o.store = store;
+      o.timeout = 30s;
+      Communicator comm(o);
+      std::vector<float> buf(100, 1.0f);
+      comm.allreduce(std::span<float>(buf), ReduceOp::sum);
+      EXPECT_EQ(buf[0], 2.0f);
+    } catch (...) {
+      errors[0] = std::current_exception();
+    }
+  });
+  auto raw = store->get("rr/addr/0", 10s);
+  std::string addr(raw.begin(), raw.end());
+  auto a = addr.find('|'), b = addr.find('|', a + 1);
+  ringreduce::transport::tcp::SockAddr sa;
+  ASSERT_TRUE(ringreduce::transport::tcp::parse_numeric(addr.substr(0, a), std::stoi(addr.substr(a + 1, b - a - 1)), &sa));
+  auto deadline = ringreduce::core::Deadline::after(5s);
+  auto garbage = ringreduce::transport::tcp::connect_to(sa, deadline);
+  ASSERT_EQ(write(garbage.get(), "GET / HTTP/1.0\r\n\r\n-----------------", 36), 36);
+  auto wrong = ringreduce::transport::tcp::connect_to(sa, deadline);
+  uint32_t hello[8] = {0x31485252, 1, 12345, 0, 1, 0, 2, 0};  // right magic, wrong communicator
+  ASSERT_EQ(write(wrong.get(), hello, sizeof hello), static_cast<ssize_t>(sizeof hello));
+  auto silent = ringreduce::transport::tcp::connect_to(sa, deadline);
+  std::thread rank1([&] {
+    try {
+      ringreduce::Options o;
+      o.rank = 1;
+      o.world_size = 2;
+      o.store = store;
+      o.timeout = 30s;
+      Communicator comm(o);
+      std::vector<float> buf(100, 1.0f);
+      comm.allreduce(std::span<float>(buf), ReduceOp::sum);
+    } catch (...) {
+      errors[1] = std::current_exception();
+    }
+  });
+  rank0.join();
+  rank1.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+TEST(Comm, CApiReportsErrorsWithoutExceptions) {
+  // Through the C ABI, with the TCP store hosted by rank 0 as in a real job.
+  ringreduce::rendezvous::TcpStoreServer probe("127.0.0.1", 0);
+  const int port = probe.port();
+  // Use the probe server as the job's store: ranks must not host their own.
+  setenv("RINGREDUCE_STORE_SERVER", "0", 1);
+  std::vector<int> results(3, -1);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      rr_comm_t* comm = nullptr;
+      std::string addr = "127.0.0.1:" + std::to_string(port);
+      if (rr_comm_init(&comm, r, 3, addr.c_str(), nullptr, 30) != RR_OK) {
+        ADD_FAILURE() << rr_last_error(nullptr);
+        return;
+      }
+      std::vector<int32_t> buf(1000, r);
+      int rc = rr_allreduce(comm, buf.data(), buf.data(), buf.size(), RR_I32, RR_SUM);
+      EXPECT_EQ(buf[7], 3);
+      rr_work_t* w = nullptr;
+      rc |= rr_allreduce_async(comm, buf.data(), buf.data(), buf.size(), RR_I32, RR_MAX, &w);
+      rc |= rr_work_wait(w);
+      rr_work_free(w);
+      // A bad root is an error code and a message, not an exception.
+      EXPECT_EQ(rr_broadcast(comm, buf.data(), 10, RR_I32, 7), RR_ERR_INVALID_ARGUMENT);
+      EXPECT_NE(std::string(rr_last_error(comm)).find("root 7"), std::string::npos);
+      rc |= rr_barrier(comm);
+      results[static_cast<size_t>(r)] = rc;
+      rr_comm_destroy(comm);
+    });
+  }
+  for (auto& t : threads) t.join();
+  unsetenv("RINGREDUCE_STORE_SERVER");
+  for (int rc : results) EXPECT_EQ(rc, RR_OK);
+  rr_comm_t* none = nullptr;
+  EXPECT_EQ(rr_comm_init(&none, 5, 2, "127.0.0.1:1", nullptr, 1), RR_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(rr_last_error(nullptr)).find("RINGREDUCE_RANK"), std::string::npos) << rr_last_error(nullptr);
+}
+
+}  // namespace
+}  // namespace rrtest
