@@ -261,14 +261,19 @@ Result measure(Bench& b, bool in_place) {
   Communicator& comm = b.comm;
   Result res;
   for (long i = 0; i < b.args.warmup; ++i) b.run(in_place);
+  // Time one iteration (slowest rank, so every rank computes the same counts below).
+  comm.barrier();
+  auto probe = Clock::now();
+  b.run(in_place);
+  const double one =
+      std::max(max_over_ranks(comm, std::chrono::duration<double>(Clock::now() - probe).count()), 1e-7);
+  // Small sizes also warm up for ~20 ms: cores that were idle halt, and the first few hundred
+  // microseconds after waking them are not the steady state a training loop sees.
+  for (long i = 0, extra = static_cast<long>(std::min(0.02 / one, 2000.0)); i < extra; ++i) b.run(in_place);
   long iters = b.args.iters;
   if (iters <= 0) {
-    // Adaptive: time one iteration (slowest rank) and aim for target_seconds per measurement.
-    comm.barrier();
-    auto t0 = Clock::now();
-    b.run(in_place);
-    double one = max_over_ranks(comm, std::chrono::duration<double>(Clock::now() - t0).count());
-    iters = static_cast<long>(std::clamp(b.args.target_seconds / std::max(one, 1e-7), 5.0, 20000.0));
+    // Adaptive: aim for target_seconds per measurement.
+    iters = static_cast<long>(std::clamp(b.args.target_seconds / one, 5.0, 20000.0));
   }
   comm.barrier();
   auto t0 = Clock::now();

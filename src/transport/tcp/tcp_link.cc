@@ -276,7 +276,15 @@ void TcpLink::on_readable() {
       inbox_begin_ = 0;
       inbox_end_ = avail;
     }
-    ssize_t r = ::recv(fd_.get(), inbox_.get() + inbox_end_, kInboxBytes - inbox_end_, MSG_DONTWAIT);
+    // At a frame boundary with a large plain receive waiting, read only the header, so that the
+    // payload then goes straight into place instead of through the inbox.
+    size_t want_bytes = kInboxBytes - inbox_end_;
+    if (!in_header_ready_ && !recvs_.empty() && inbox_end_ - inbox_begin_ < sizeof(FrameHeader)) {
+      const RecvOp& op = recvs_.front();
+      if ((op.kind == RecvKind::plain || op.kind == RecvKind::copy_send) && op.bytes >= kDirectReadMin)
+        want_bytes = std::min(want_bytes, sizeof(FrameHeader) - (inbox_end_ - inbox_begin_));
+    }
+    ssize_t r = ::recv(fd_.get(), inbox_.get() + inbox_end_, want_bytes, MSG_DONTWAIT);
     if (r > 0) {
       inbox_end_ += static_cast<size_t>(r);
       budget -= std::min(budget, static_cast<size_t>(r));
