@@ -40,7 +40,8 @@ int main(int argc, char** argv) {
   State state(static_cast<size_t>(n), std::vector<std::string>(static_cast<size_t>(n)));
   for (int r = 0; r < n; ++r)
     for (int c = 0; c < n; ++c)
-      state[static_cast<size_t>(r)][static_cast<size_t>(c)] = std::string(1, static_cast<char>('a' + c)) + std::to_string(r);
+      state[static_cast<size_t>(r)][static_cast<size_t>(c)] =
+          std::string(1, static_cast<char>('a' + c)) + std::to_string(r);
 
   std::printf("Ring allreduce of %d ranks: each buffer is cut into %d chunks.\n\n", n, n);
   print_state(state);

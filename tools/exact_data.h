@@ -16,7 +16,9 @@ namespace ringreduce::exact {
 
 inline constexpr size_t kPeriod = 15;
 
-inline bool is_unsigned(DataType t) { return t == DataType::u8 || t == DataType::u32 || t == DataType::u64; }
+inline bool is_unsigned(DataType t) {
+  return t == DataType::u8 || t == DataType::u32 || t == DataType::u64;
+}
 
 // The value rank `rank` contributes at element i.
 inline double input_value(int rank, size_t i, DataType t, ReduceOp op) {
@@ -27,31 +29,61 @@ inline double input_value(int rank, size_t i, DataType t, ReduceOp op) {
 
 inline void store_value(DataType t, void* p, size_t i, double v) {
   switch (t) {
-    case DataType::f16: static_cast<uint16_t*>(p)[i] = reduce::float_to_half(static_cast<float>(v)); break;
-    case DataType::bf16: static_cast<uint16_t*>(p)[i] = reduce::float_to_bf16(static_cast<float>(v)); break;
-    case DataType::f32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
-    case DataType::f64: static_cast<double*>(p)[i] = v; break;
-    case DataType::i8: static_cast<int8_t*>(p)[i] = static_cast<int8_t>(static_cast<int64_t>(v)); break;
-    case DataType::u8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(static_cast<int64_t>(v)); break;
-    case DataType::i32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(static_cast<int64_t>(v)); break;
-    case DataType::u32: static_cast<uint32_t*>(p)[i] = static_cast<uint32_t>(static_cast<int64_t>(v)); break;
-    case DataType::i64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
-    case DataType::u64: static_cast<uint64_t*>(p)[i] = static_cast<uint64_t>(static_cast<int64_t>(v)); break;
+    case DataType::f16:
+      static_cast<uint16_t*>(p)[i] = reduce::float_to_half(static_cast<float>(v));
+      break;
+    case DataType::bf16:
+      static_cast<uint16_t*>(p)[i] = reduce::float_to_bf16(static_cast<float>(v));
+      break;
+    case DataType::f32:
+      static_cast<float*>(p)[i] = static_cast<float>(v);
+      break;
+    case DataType::f64:
+      static_cast<double*>(p)[i] = v;
+      break;
+    case DataType::i8:
+      static_cast<int8_t*>(p)[i] = static_cast<int8_t>(static_cast<int64_t>(v));
+      break;
+    case DataType::u8:
+      static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(static_cast<int64_t>(v));
+      break;
+    case DataType::i32:
+      static_cast<int32_t*>(p)[i] = static_cast<int32_t>(static_cast<int64_t>(v));
+      break;
+    case DataType::u32:
+      static_cast<uint32_t*>(p)[i] = static_cast<uint32_t>(static_cast<int64_t>(v));
+      break;
+    case DataType::i64:
+      static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v);
+      break;
+    case DataType::u64:
+      static_cast<uint64_t*>(p)[i] = static_cast<uint64_t>(static_cast<int64_t>(v));
+      break;
   }
 }
 
 inline double load_value(DataType t, const void* p, size_t i) {
   switch (t) {
-    case DataType::f16: return reduce::half_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DataType::bf16: return reduce::bf16_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DataType::f32: return static_cast<const float*>(p)[i];
-    case DataType::f64: return static_cast<const double*>(p)[i];
-    case DataType::i8: return static_cast<const int8_t*>(p)[i];
-    case DataType::u8: return static_cast<const uint8_t*>(p)[i];
-    case DataType::i32: return static_cast<const int32_t*>(p)[i];
-    case DataType::u32: return static_cast<const uint32_t*>(p)[i];
-    case DataType::i64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
-    case DataType::u64: return static_cast<double>(static_cast<const uint64_t*>(p)[i]);
+    case DataType::f16:
+      return reduce::half_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DataType::bf16:
+      return reduce::bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DataType::f32:
+      return static_cast<const float*>(p)[i];
+    case DataType::f64:
+      return static_cast<const double*>(p)[i];
+    case DataType::i8:
+      return static_cast<const int8_t*>(p)[i];
+    case DataType::u8:
+      return static_cast<const uint8_t*>(p)[i];
+    case DataType::i32:
+      return static_cast<const int32_t*>(p)[i];
+    case DataType::u32:
+      return static_cast<const uint32_t*>(p)[i];
+    case DataType::i64:
+      return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    case DataType::u64:
+      return static_cast<double>(static_cast<const uint64_t*>(p)[i]);
   }
   return 0;
 }
@@ -63,19 +95,34 @@ inline double expected_value(int size, size_t i, DataType t, ReduceOp op) {
   for (int r = 1; r < size; ++r) {
     const double v = input_value(r, i, t, op);
     switch (op) {
-      case ReduceOp::sum: case ReduceOp::avg: acc += v; break;
-      case ReduceOp::prod: acc *= v; break;
-      case ReduceOp::min: acc = std::min(acc, v); break;
-      case ReduceOp::max: acc = std::max(acc, v); break;
+      case ReduceOp::sum:
+      case ReduceOp::avg:
+        acc += v;
+        break;
+      case ReduceOp::prod:
+        acc *= v;
+        break;
+      case ReduceOp::min:
+        acc = std::min(acc, v);
+        break;
+      case ReduceOp::max:
+        acc = std::max(acc, v);
+        break;
     }
   }
   if (op == ReduceOp::avg) {
     switch (t) {
-      case DataType::f64: acc = acc / size; break;
-      case DataType::f32: case DataType::f16: case DataType::bf16:
+      case DataType::f64:
+        acc = acc / size;
+        break;
+      case DataType::f32:
+      case DataType::f16:
+      case DataType::bf16:
         acc = static_cast<double>(static_cast<float>(acc) / static_cast<float>(size));
         break;
-      default: acc = std::trunc(acc / size); break;
+      default:
+        acc = std::trunc(acc / size);
+        break;
     }
   }
   uint64_t slot = 0;  // round-trip through the dtype: wraps integers, rounds floats
@@ -87,7 +134,8 @@ inline double expected_value(int size, size_t i, DataType t, ReduceOp op) {
 inline void fill_input(void* p, size_t count, int rank, DataType t, ReduceOp op, size_t first = 0) {
   const size_t elem = dtype_size(t);
   unsigned char pattern[kPeriod * 8];
-  for (size_t k = 0; k < kPeriod; ++k) store_value(t, pattern, k, input_value(rank, first + k, t, op));
+  for (size_t k = 0; k < kPeriod; ++k)
+    store_value(t, pattern, k, input_value(rank, first + k, t, op));
   for (size_t i = 0; i < count; i += kPeriod)
     std::memcpy(static_cast<char*>(p) + i * elem, pattern, std::min(kPeriod, count - i) * elem);
 }
@@ -98,7 +146,8 @@ inline size_t count_wrong_reduced(const void* p, size_t count, int size, DataTyp
                                   size_t first = 0) {
   const size_t elem = dtype_size(t);
   unsigned char want[kPeriod * 8];
-  for (size_t k = 0; k < kPeriod; ++k) store_value(t, want, k, expected_value(size, first + k, t, op));
+  for (size_t k = 0; k < kPeriod; ++k)
+    store_value(t, want, k, expected_value(size, first + k, t, op));
   size_t wrong = 0;
   const char* q = static_cast<const char*>(p);
   for (size_t i = 0; i < count; ++i)

@@ -46,12 +46,13 @@ struct Args {
 
 [[noreturn]] void usage(const char* why) {
   if (why) std::fprintf(stderr, "ringreduce-perf: %s\n", why);
-  std::fprintf(stderr,
-               "usage: ringreduce-perf allreduce|reduce_scatter|allgather|broadcast|reduce|alltoall\n"
-               "  [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-n ITERS (0: adaptive)] [-w WARMUP]\n"
-               "  [-c CHECK 0|1] [-d float|half|bfloat16|double|int8|uint8|int32|uint32|int64|uint64|all]\n"
-               "  [-o sum|prod|min|max|avg|all] [-r ROOT] [-a ALGO] [-T SECONDS_PER_SIZE]\n"
-               "Launch with ringrun, mpirun, srun or torchrun (see README).\n");
+  std::fprintf(
+      stderr,
+      "usage: ringreduce-perf allreduce|reduce_scatter|allgather|broadcast|reduce|alltoall\n"
+      "  [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-n ITERS (0: adaptive)] [-w WARMUP]\n"
+      "  [-c CHECK 0|1] [-d float|half|bfloat16|double|int8|uint8|int32|uint32|int64|uint64|all]\n"
+      "  [-o sum|prod|min|max|avg|all] [-r ROOT] [-a ALGO] [-T SECONDS_PER_SIZE]\n"
+      "Launch with ringrun, mpirun, srun or torchrun (see README).\n");
   std::exit(2);
 }
 
@@ -77,15 +78,24 @@ Args parse(int argc, char** argv) {
     std::string f = argv[i];
     if (i + 1 >= argc) usage(("missing value for " + f).c_str());
     const char* v = argv[++i];
-    if (f == "-b") a.min_bytes = parse_bytes(v);
-    else if (f == "-e") a.max_bytes = parse_bytes(v);
-    else if (f == "-f") a.factor = std::atof(v);
-    else if (f == "-n") a.iters = std::atol(v);
-    else if (f == "-w") a.warmup = std::atol(v);
-    else if (f == "-c") a.check = std::atoi(v) != 0;
-    else if (f == "-r") a.root = std::atoi(v);
-    else if (f == "-a") a.algo = v;
-    else if (f == "-T") a.target_seconds = std::atof(v);
+    if (f == "-b")
+      a.min_bytes = parse_bytes(v);
+    else if (f == "-e")
+      a.max_bytes = parse_bytes(v);
+    else if (f == "-f")
+      a.factor = std::atof(v);
+    else if (f == "-n")
+      a.iters = std::atol(v);
+    else if (f == "-w")
+      a.warmup = std::atol(v);
+    else if (f == "-c")
+      a.check = std::atoi(v) != 0;
+    else if (f == "-r")
+      a.root = std::atoi(v);
+    else if (f == "-a")
+      a.algo = v;
+    else if (f == "-T")
+      a.target_seconds = std::atof(v);
     else if (f == "-d") {
       a.dtypes.clear();
       if (std::string(v) == "all") {
@@ -113,14 +123,24 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-bool reduces(Coll c) { return c == Coll::allreduce || c == Coll::reduce_scatter || c == Coll::reduce; }
-bool rooted(Coll c) { return c == Coll::broadcast || c == Coll::reduce; }
+bool reduces(Coll c) {
+  return c == Coll::allreduce || c == Coll::reduce_scatter || c == Coll::reduce;
+}
+bool rooted(Coll c) {
+  return c == Coll::broadcast || c == Coll::reduce;
+}
 
 double bus_factor(Coll c, int n) {
   switch (c) {
-    case Coll::allreduce: return 2.0 * (n - 1) / n;
-    case Coll::reduce_scatter: case Coll::allgather: case Coll::alltoall: return double(n - 1) / n;
-    case Coll::broadcast: case Coll::reduce: return 1.0;
+    case Coll::allreduce:
+      return 2.0 * (n - 1) / n;
+    case Coll::reduce_scatter:
+    case Coll::allgather:
+    case Coll::alltoall:
+      return double(n - 1) / n;
+    case Coll::broadcast:
+    case Coll::reduce:
+      return 1.0;
   }
   return 1.0;
 }
@@ -138,9 +158,7 @@ struct Bench {
   size_t elem() const { return dtype_size(dtype); }
   int n() const { return comm.size(); }
   int r() const { return comm.rank(); }
-  size_t send_elems() const {
-    return args.coll == Coll::allgather ? block : count;
-  }
+  size_t send_elems() const { return args.coll == Coll::allgather ? block : count; }
   size_t recv_elems() const { return args.coll == Coll::reduce_scatter ? block : count; }
 
   void allocate() {
@@ -149,15 +167,15 @@ struct Bench {
   }
 
   // The receive pointer of the in-place variant (nccl-tests conventions).
-  void* in_place_recv() {
-    return args.coll == Coll::allgather ? recv.data() : send.data();
-  }
+  void* in_place_recv() { return args.coll == Coll::allgather ? recv.data() : send.data(); }
   const void* in_place_send() {
-    if (args.coll == Coll::allgather) return recv.data() + static_cast<size_t>(r()) * block * elem();
+    if (args.coll == Coll::allgather)
+      return recv.data() + static_cast<size_t>(r()) * block * elem();
     return send.data();
   }
   void* in_place_dst() {
-    if (args.coll == Coll::reduce_scatter) return send.data() + static_cast<size_t>(r()) * block * elem();
+    if (args.coll == Coll::reduce_scatter)
+      return send.data() + static_cast<size_t>(r()) * block * elem();
     return in_place_recv();
   }
 
@@ -165,12 +183,18 @@ struct Bench {
     const void* s = in_place ? in_place_send() : send.data();
     void* d = in_place ? in_place_dst() : recv.data();
     switch (args.coll) {
-      case Coll::allreduce: return comm.allreduce_async(s, d, count, dtype, op);
-      case Coll::reduce_scatter: return comm.reduce_scatter_async(s, d, block, dtype, op);
-      case Coll::allgather: return comm.allgather_async(s, d, block, dtype);
-      case Coll::broadcast: return comm.broadcast_async(s, d, count, dtype, args.root);
-      case Coll::reduce: return comm.reduce_async(s, d, count, dtype, op, args.root);
-      case Coll::alltoall: return comm.alltoall_async(s, d, block, dtype);
+      case Coll::allreduce:
+        return comm.allreduce_async(s, d, count, dtype, op);
+      case Coll::reduce_scatter:
+        return comm.reduce_scatter_async(s, d, block, dtype, op);
+      case Coll::allgather:
+        return comm.allgather_async(s, d, block, dtype);
+      case Coll::broadcast:
+        return comm.broadcast_async(s, d, count, dtype, args.root);
+      case Coll::reduce:
+        return comm.reduce_async(s, d, count, dtype, op, args.root);
+      case Coll::alltoall:
+        return comm.alltoall_async(s, d, block, dtype);
     }
     return {};
   }
@@ -179,12 +203,24 @@ struct Bench {
     const void* s = in_place ? in_place_send() : send.data();
     void* d = in_place ? in_place_dst() : recv.data();
     switch (args.coll) {
-      case Coll::allreduce: comm.allreduce(s, d, count, dtype, op); break;
-      case Coll::reduce_scatter: comm.reduce_scatter(s, d, block, dtype, op); break;
-      case Coll::allgather: comm.allgather(s, d, block, dtype); break;
-      case Coll::broadcast: comm.broadcast(s, d, count, dtype, args.root); break;
-      case Coll::reduce: comm.reduce(s, d, count, dtype, op, args.root); break;
-      case Coll::alltoall: comm.alltoall(s, d, block, dtype); break;
+      case Coll::allreduce:
+        comm.allreduce(s, d, count, dtype, op);
+        break;
+      case Coll::reduce_scatter:
+        comm.reduce_scatter(s, d, block, dtype, op);
+        break;
+      case Coll::allgather:
+        comm.allgather(s, d, block, dtype);
+        break;
+      case Coll::broadcast:
+        comm.broadcast(s, d, count, dtype, args.root);
+        break;
+      case Coll::reduce:
+        comm.reduce(s, d, count, dtype, op, args.root);
+        break;
+      case Coll::alltoall:
+        comm.alltoall(s, d, block, dtype);
+        break;
     }
   }
 
@@ -192,12 +228,14 @@ struct Bench {
   void fill(bool in_place) {
     using namespace exact;
     switch (args.coll) {
-      case Coll::allreduce: case Coll::reduce: case Coll::reduce_scatter:
+      case Coll::allreduce:
+      case Coll::reduce:
+      case Coll::reduce_scatter:
         fill_input(send.data(), count, r(), dtype, op);
         break;
       case Coll::allgather:
-        fill_input(in_place ? recv.data() + static_cast<size_t>(r()) * block * elem() : send.data(), block,
-                   r(), dtype, op, static_cast<size_t>(r()) * block);
+        fill_input(in_place ? recv.data() + static_cast<size_t>(r()) * block * elem() : send.data(),
+                   block, r(), dtype, op, static_cast<size_t>(r()) * block);
         break;
       case Coll::broadcast:
         if (r() == args.root) fill_input(send.data(), count, r(), dtype, op);
@@ -217,12 +255,14 @@ struct Bench {
     using namespace exact;
     const char* out = static_cast<const char*>(in_place ? in_place_dst() : recv.data());
     switch (args.coll) {
-      case Coll::allreduce: return count_wrong_reduced(out, count, n(), dtype, op);
+      case Coll::allreduce:
+        return count_wrong_reduced(out, count, n(), dtype, op);
       case Coll::reduce:
         return r() == args.root ? count_wrong_reduced(out, count, n(), dtype, op) : 0;
       case Coll::reduce_scatter:
         return count_wrong_reduced(out, block, n(), dtype, op, static_cast<size_t>(r()) * block);
-      case Coll::broadcast: return count_wrong_input(out, count, args.root, dtype, op);
+      case Coll::broadcast:
+        return count_wrong_input(out, count, args.root, dtype, op);
       case Coll::allgather: {
         size_t w = 0;
         for (int j = 0; j < n(); ++j)
@@ -265,11 +305,12 @@ Result measure(Bench& b, bool in_place) {
   comm.barrier();
   auto probe = Clock::now();
   b.run(in_place);
-  const double one =
-      std::max(max_over_ranks(comm, std::chrono::duration<double>(Clock::now() - probe).count()), 1e-7);
+  const double one = std::max(
+      max_over_ranks(comm, std::chrono::duration<double>(Clock::now() - probe).count()), 1e-7);
   // Small sizes also warm up for ~20 ms: cores that were idle halt, and the first few hundred
   // microseconds after waking them are not the steady state a training loop sees.
-  for (long i = 0, extra = static_cast<long>(std::min(0.02 / one, 2000.0)); i < extra; ++i) b.run(in_place);
+  for (long i = 0, extra = static_cast<long>(std::min(0.02 / one, 2000.0)); i < extra; ++i)
+    b.run(in_place);
   long iters = b.args.iters;
   if (iters <= 0) {
     // Adaptive: aim for target_seconds per measurement.
@@ -309,15 +350,18 @@ int main(int argc, char** argv) {
     gethostname(host, sizeof host - 1);
     if (print) {
       std::printf("# ringreduce-perf %s: %d ranks, iters %s, warmup %ld, check %d\n",
-                  args.coll_name.c_str(), n, args.iters > 0 ? std::to_string(args.iters).c_str() : "adaptive",
-                  args.warmup, args.check ? 1 : 0);
+                  args.coll_name.c_str(), n,
+                  args.iters > 0 ? std::to_string(args.iters).c_str() : "adaptive", args.warmup,
+                  args.check ? 1 : 0);
       std::printf("#  Rank  0 Pid %6d on %s\n#\n", getpid(), host);
-      std::printf("# %10s %12s %8s %6s %6s  %9s %7s %7s %6s  %9s %7s %7s %6s  %s\n", "", "", "", "", "",
-                  "out-of-place", "", "", "", "in-place", "", "", "", "");
-      std::printf("# %10s %12s %8s %6s %6s  %9s %7s %7s %6s  %9s %7s %7s %6s  %s\n", "size", "count", "type",
-                  "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong", "algo");
-      std::printf("# %10s %12s %8s %6s %6s  %9s %7s %7s %6s  %9s %7s %7s %6s\n", "(B)", "(elements)", "", "", "",
-                  "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+      std::printf("# %10s %12s %8s %6s %6s  %9s %7s %7s %6s  %9s %7s %7s %6s  %s\n", "", "", "", "",
+                  "", "out-of-place", "", "", "", "in-place", "", "", "", "");
+      std::printf("# %10s %12s %8s %6s %6s  %9s %7s %7s %6s  %9s %7s %7s %6s  %s\n", "size",
+                  "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time",
+                  "algbw", "busbw", "#wrong", "algo");
+      std::printf("# %10s %12s %8s %6s %6s  %9s %7s %7s %6s  %9s %7s %7s %6s\n", "(B)",
+                  "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
+                  "(GB/s)", "");
       std::fflush(stdout);
     }
     uint64_t total_wrong = 0;
@@ -347,12 +391,14 @@ int main(int argc, char** argv) {
           if (print) {
             char ipbuf[96];
             if (in_place_ok)
-              std::snprintf(ipbuf, sizeof ipbuf, "%9.2f %7.3f %7.3f %6llu", ip.time_us, algbw(ip.time_us),
-                            algbw(ip.time_us) * f, static_cast<unsigned long long>(ip.wrong));
+              std::snprintf(ipbuf, sizeof ipbuf, "%9.2f %7.3f %7.3f %6llu", ip.time_us,
+                            algbw(ip.time_us), algbw(ip.time_us) * f,
+                            static_cast<unsigned long long>(ip.wrong));
             else
               std::snprintf(ipbuf, sizeof ipbuf, "%9s %7s %7s %6s", "N/A", "N/A", "N/A", "N/A");
-            std::printf("  %10zu %12zu %8s %6s %6d  %9.2f %7.3f %7.3f %6llu  %s  %s\n", count * elem, count,
-                        dtype_name(dtype), reduces(args.coll) ? op_name(op) : "none",
+            std::printf("  %10zu %12zu %8s %6s %6d  %9.2f %7.3f %7.3f %6llu  %s  %s\n",
+                        count * elem, count, dtype_name(dtype),
+                        reduces(args.coll) ? op_name(op) : "none",
                         rooted(args.coll) ? args.root : -1, oop.time_us, algbw(oop.time_us),
                         algbw(oop.time_us) * f, static_cast<unsigned long long>(oop.wrong), ipbuf,
                         oop.algo.c_str());
@@ -365,8 +411,8 @@ int main(int argc, char** argv) {
       }
     }
     if (print) {
-      std::printf("# Out of bounds values : %llu %s\n", static_cast<unsigned long long>(total_wrong),
-                  total_wrong == 0 ? "OK" : "FAILED");
+      std::printf("# Out of bounds values : %llu %s\n",
+                  static_cast<unsigned long long>(total_wrong), total_wrong == 0 ? "OK" : "FAILED");
       std::printf("# Avg bus bandwidth    : %.4f\n#\n", bw_rows ? bw_sum / bw_rows : 0.0);
     }
     return total_wrong == 0 ? 0 : 1;

@@ -98,7 +98,8 @@ class Communicator {
                       const CallOptions& call = {});
   void allgather(const void* send, void* recv, size_t send_count, DataType dtype,
                  const CallOptions& call = {});
-  void broadcast(void* buffer, size_t count, DataType dtype, int root, const CallOptions& call = {});
+  void broadcast(void* buffer, size_t count, DataType dtype, int root,
+                 const CallOptions& call = {});
   void broadcast(const void* send, void* recv, size_t count, DataType dtype, int root,
                  const CallOptions& call = {});
   void reduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op, int root,
@@ -110,7 +111,8 @@ class Communicator {
   // ---- typed calls: the dtype is deduced from T ------------------------------------------------
   template <typename T>
   void allreduce(std::span<T> buffer, ReduceOp op) {
-    allreduce(buffer.data(), buffer.data(), buffer.size(), DataTypeOf<std::remove_cv_t<T>>::value, op);
+    allreduce(buffer.data(), buffer.data(), buffer.size(), DataTypeOf<std::remove_cv_t<T>>::value,
+              op);
   }
   template <typename T>
   void allreduce(std::span<const T> send, std::span<T> recv, ReduceOp op) {

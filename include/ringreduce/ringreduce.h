@@ -25,12 +25,24 @@ typedef enum {
 } rr_result_t;
 
 /* Same order as ringreduce::DataType and ringreduce::ReduceOp. */
-typedef enum { RR_F16, RR_BF16, RR_F32, RR_F64, RR_I8, RR_U8, RR_I32, RR_U32, RR_I64, RR_U64 } rr_dtype_t;
+typedef enum {
+  RR_F16,
+  RR_BF16,
+  RR_F32,
+  RR_F64,
+  RR_I8,
+  RR_U8,
+  RR_I32,
+  RR_U32,
+  RR_I64,
+  RR_U64
+} rr_dtype_t;
 typedef enum { RR_SUM, RR_PROD, RR_MIN, RR_MAX, RR_AVG } rr_op_t;
 
 /* Rank, size and rendezvous from the environment (RINGREDUCE_*, torchrun, OpenMPI, Slurm, PMI). */
 rr_result_t rr_comm_init_from_env(rr_comm_t** comm);
-/* Explicit: addr is the store's "host:port"; token may be NULL; timeout_s <= 0 keeps the default. */
+/* Explicit: addr is the store's "host:port"; token may be NULL; timeout_s <= 0 keeps the default.
+ */
 rr_result_t rr_comm_init(rr_comm_t** comm, int rank, int size, const char* addr, const char* token,
                          double timeout_s);
 void rr_comm_destroy(rr_comm_t* comm);
@@ -40,8 +52,8 @@ int rr_comm_size(const rr_comm_t* comm);
 rr_result_t rr_comm_abort(rr_comm_t* comm, const char* reason);
 
 /* Blocking collectives; counts are elements (see the C++ header for each collective's layout). */
-rr_result_t rr_allreduce(rr_comm_t* comm, const void* send, void* recv, size_t count, rr_dtype_t dtype,
-                         rr_op_t op);
+rr_result_t rr_allreduce(rr_comm_t* comm, const void* send, void* recv, size_t count,
+                         rr_dtype_t dtype, rr_op_t op);
 rr_result_t rr_reduce_scatter(rr_comm_t* comm, const void* send, void* recv, size_t recv_count,
                               rr_dtype_t dtype, rr_op_t op);
 rr_result_t rr_allgather(rr_comm_t* comm, const void* send, void* recv, size_t send_count,
@@ -49,7 +61,8 @@ rr_result_t rr_allgather(rr_comm_t* comm, const void* send, void* recv, size_t s
 rr_result_t rr_broadcast(rr_comm_t* comm, void* buffer, size_t count, rr_dtype_t dtype, int root);
 rr_result_t rr_reduce(rr_comm_t* comm, const void* send, void* recv, size_t count, rr_dtype_t dtype,
                       rr_op_t op, int root);
-rr_result_t rr_alltoall(rr_comm_t* comm, const void* send, void* recv, size_t count, rr_dtype_t dtype);
+rr_result_t rr_alltoall(rr_comm_t* comm, const void* send, void* recv, size_t count,
+                        rr_dtype_t dtype);
 rr_result_t rr_barrier(rr_comm_t* comm);
 
 /* Asynchronous allreduce; the handle must be released with rr_work_free. */

@@ -37,11 +37,15 @@ class PrefixStore : public Store {
   std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override {
     return inner_->get(prefix_ + key, timeout);
   }
-  int64_t add(const std::string& key, int64_t delta) override { return inner_->add(prefix_ + key, delta); }
+  int64_t add(const std::string& key, int64_t delta) override {
+    return inner_->add(prefix_ + key, delta);
+  }
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
     inner_->wait(prefixed(keys), timeout);
   }
-  bool check(const std::vector<std::string>& keys) override { return inner_->check(prefixed(keys)); }
+  bool check(const std::vector<std::string>& keys) override {
+    return inner_->check(prefixed(keys));
+  }
 
  private:
   std::vector<std::string> prefixed(const std::vector<std::string>& keys) const {

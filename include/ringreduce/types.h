@@ -35,9 +35,9 @@ bool parse_op(const std::string& name, ReduceOp* out);
 
 template <typename T>
 struct DataTypeOf;
-#define RINGREDUCE_DTYPE_OF(T, D) \
-  template <>                     \
-  struct DataTypeOf<T> {          \
+#define RINGREDUCE_DTYPE_OF(T, D)                  \
+  template <>                                      \
+  struct DataTypeOf<T> {                           \
     static constexpr DataType value = DataType::D; \
   }
 RINGREDUCE_DTYPE_OF(half, f16);

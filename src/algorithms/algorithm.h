@@ -63,7 +63,7 @@ using RunFn = void (*)(Context&, const Args&);
 struct Algorithm {
   const char* name;  // as RINGREDUCE_ALGO and `ringreduce-perf -a` spell it
   Collective kind;
-  uint8_t id;        // carried in every message's tag: ranks must agree on it
+  uint8_t id;  // carried in every message's tag: ranks must agree on it
   RunFn run;
 };
 
@@ -76,7 +76,8 @@ const Algorithm* find_algorithm(Collective kind, const std::string& name);
 template <typename Fn>
 void for_each_segment(size_t offset, size_t count, size_t elem, size_t segment_bytes, Fn&& fn) {
   const size_t per = segment_bytes / elem > 0 ? segment_bytes / elem : 1;
-  for (size_t done = 0; done < count; done += per) fn(offset + done, count - done < per ? count - done : per);
+  for (size_t done = 0; done < count; done += per)
+    fn(offset + done, count - done < per ? count - done : per);
 }
 
 // The algorithms (one file each).

@@ -23,7 +23,8 @@ void chain_reduce(Context& ctx, const Args& a) {
   transport::Reduction last{a.dtype, a.op, a.op == ReduceOp::avg ? static_cast<uint64_t>(n) : 1};
   // Ranks in the middle keep partial results in scratch: their output buffer is not theirs to use
   // (non-root ranks may pass none).
-  char* partial = pos > 0 && pos < n - 1 ? static_cast<char*>(ctx.scratch(a.count * elem)) : nullptr;
+  char* partial =
+      pos > 0 && pos < n - 1 ? static_cast<char*>(ctx.scratch(a.count * elem)) : nullptr;
 
   transport::Completion done;
   for (int ch = 0; ch < ctx.channels; ++ch) {
@@ -33,8 +34,8 @@ void chain_reduce(Context& ctx, const Args& a) {
       if (pos == 0)
         ctx.link(ctx.right(), ch).send(in + o, bytes, &done);
       else if (pos < n - 1)
-        ctx.link(ctx.left(), ch).recv_reduce_send(partial + o, in + o, bytes, step,
-                                                  ctx.link(ctx.right(), ch), &done);
+        ctx.link(ctx.left(), ch)
+            .recv_reduce_send(partial + o, in + o, bytes, step, ctx.link(ctx.right(), ch), &done);
       else
         ctx.link(ctx.left(), ch).recv_reduce(out + o, in + o, bytes, last, &done);
     });

@@ -4,13 +4,20 @@ namespace ringreduce::algorithms {
 
 const char* collective_name(Collective c) {
   switch (c) {
-    case Collective::allreduce: return "allreduce";
-    case Collective::reduce_scatter: return "reduce_scatter";
-    case Collective::allgather: return "allgather";
-    case Collective::broadcast: return "broadcast";
-    case Collective::reduce: return "reduce";
-    case Collective::alltoall: return "alltoall";
-    case Collective::barrier: return "barrier";
+    case Collective::allreduce:
+      return "allreduce";
+    case Collective::reduce_scatter:
+      return "reduce_scatter";
+    case Collective::allgather:
+      return "allgather";
+    case Collective::broadcast:
+      return "broadcast";
+    case Collective::reduce:
+      return "reduce";
+    case Collective::alltoall:
+      return "alltoall";
+    case Collective::barrier:
+      return "barrier";
   }
   return "?";
 }

@@ -26,7 +26,8 @@ void ring_allgather(Context& ctx, const Args& a) {
     transport::Link& left = ctx.link(ctx.left(), ch);
     auto segments = [&](int chunk, auto&& fn) {
       for_each_segment(static_cast<size_t>(chunk) * block + part.offset, part.count, elem,
-                       ctx.segment_bytes, [&](size_t off, size_t cnt) { fn(off * elem, cnt * elem); });
+                       ctx.segment_bytes,
+                       [&](size_t off, size_t cnt) { fn(off * elem, cnt * elem); });
     };
     segments(allgather_step(r, n, 0, kShift).send_chunk,
              [&](size_t off, size_t bytes) { right.send(out + off, bytes, &done); });

@@ -2,7 +2,9 @@
 
 namespace ringreduce::algorithms {
 namespace {
-int mod(int a, int n) { return ((a % n) + n) % n; }
+int mod(int a, int n) {
+  return ((a % n) + n) % n;
+}
 }  // namespace
 
 Range split(size_t count, size_t parts, size_t index) {
@@ -21,6 +23,8 @@ RingStep allgather_step(int r, int n, int t, int shift) {
   return {mod(r + shift + 1 - t, n), mod(r + shift - t, n)};
 }
 
-int owned_chunk(int r, int n, int shift) { return mod(r + shift + 1, n); }
+int owned_chunk(int r, int n, int shift) {
+  return mod(r + shift + 1, n);
+}
 
 }  // namespace ringreduce::algorithms

@@ -22,7 +22,9 @@ namespace {
 
 thread_local std::string t_init_error;
 
-rr_result_t code_of(const ringreduce::Error& e) { return static_cast<rr_result_t>(e.code()); }
+rr_result_t code_of(const ringreduce::Error& e) {
+  return static_cast<rr_result_t>(e.code());
+}
 
 // Runs fn, turning any exception into a result code and a message kept in *error.
 template <typename Fn>
@@ -56,8 +58,12 @@ rr_result_t guarded(std::string* error, std::mutex* mu, Fn&& fn) {
   if ((c) == nullptr) return RR_ERR_INVALID_ARGUMENT
 #define RR_ON(c, body) guarded(&(c)->last_error, &(c)->mu, [&] { body; })
 
-ringreduce::DataType dt(rr_dtype_t t) { return static_cast<ringreduce::DataType>(t); }
-ringreduce::ReduceOp op_of(rr_op_t o) { return static_cast<ringreduce::ReduceOp>(o); }
+ringreduce::DataType dt(rr_dtype_t t) {
+  return static_cast<ringreduce::DataType>(t);
+}
+ringreduce::ReduceOp op_of(rr_op_t o) {
+  return static_cast<ringreduce::ReduceOp>(o);
+}
 
 }  // namespace
 
@@ -83,16 +89,23 @@ rr_result_t rr_comm_init(rr_comm_t** out, int rank, int size, const char* addr, 
     o.world_size = size;
     if (addr) o.addr = addr;
     if (token) o.token = token;
-    if (timeout_s > 0) o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+    if (timeout_s > 0)
+      o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
     auto c = std::make_unique<rr_comm>();
     c->comm = std::make_unique<ringreduce::Communicator>(o);
     *out = c.release();
   });
 }
 
-void rr_comm_destroy(rr_comm_t* comm) { delete comm; }
-int rr_comm_rank(const rr_comm_t* comm) { return comm ? comm->comm->rank() : -1; }
-int rr_comm_size(const rr_comm_t* comm) { return comm ? comm->comm->size() : -1; }
+void rr_comm_destroy(rr_comm_t* comm) {
+  delete comm;
+}
+int rr_comm_rank(const rr_comm_t* comm) {
+  return comm ? comm->comm->rank() : -1;
+}
+int rr_comm_size(const rr_comm_t* comm) {
+  return comm ? comm->comm->size() : -1;
+}
 
 rr_result_t rr_comm_abort(rr_comm_t* c, const char* reason) {
   RR_CHECK_COMM(c);
@@ -128,7 +141,8 @@ rr_result_t rr_reduce(rr_comm_t* c, const void* send, void* recv, size_t count, 
   return RR_ON(c, c->comm->reduce(send, recv, count, dt(dtype), op_of(op), root));
 }
 
-rr_result_t rr_alltoall(rr_comm_t* c, const void* send, void* recv, size_t count, rr_dtype_t dtype) {
+rr_result_t rr_alltoall(rr_comm_t* c, const void* send, void* recv, size_t count,
+                        rr_dtype_t dtype) {
   RR_CHECK_COMM(c);
   return RR_ON(c, c->comm->alltoall(send, recv, count, dt(dtype)));
 }
@@ -161,7 +175,9 @@ rr_result_t rr_work_test(rr_work_t* w, int* done) {
   return RR_ON(w->owner, *done = w->work.test() ? 1 : 0);
 }
 
-void rr_work_free(rr_work_t* w) { delete w; }
+void rr_work_free(rr_work_t* w) {
+  delete w;
+}
 
 const char* rr_last_error(const rr_comm_t* c) {
   if (c == nullptr) return t_init_error.c_str();
@@ -171,13 +187,20 @@ const char* rr_last_error(const rr_comm_t* c) {
 
 const char* rr_strerror(rr_result_t r) {
   switch (r) {
-    case RR_OK: return "success";
-    case RR_ERR_INTERNAL: return "internal error";
-    case RR_ERR_INVALID_ARGUMENT: return "invalid argument";
-    case RR_ERR_TIMEOUT: return "timeout";
-    case RR_ERR_PEER: return "peer failure";
-    case RR_ERR_MISMATCH: return "mismatched collective";
-    case RR_ERR_ABORTED: return "aborted";
+    case RR_OK:
+      return "success";
+    case RR_ERR_INTERNAL:
+      return "internal error";
+    case RR_ERR_INVALID_ARGUMENT:
+      return "invalid argument";
+    case RR_ERR_TIMEOUT:
+      return "timeout";
+    case RR_ERR_PEER:
+      return "peer failure";
+    case RR_ERR_MISMATCH:
+      return "mismatched collective";
+    case RR_ERR_ABORTED:
+      return "aborted";
   }
   return "unknown result";
 }

@@ -25,29 +25,39 @@ std::map<std::string, std::string> overrides_from(const Options& o) {
   if (o.world_size) m["RINGREDUCE_WORLD_SIZE"] = std::to_string(*o.world_size);
   if (o.addr) m["RINGREDUCE_ADDR"] = *o.addr;
   if (o.token) m["RINGREDUCE_TOKEN"] = *o.token;
-  if (o.timeout) m["RINGREDUCE_TIMEOUT"] = std::to_string(static_cast<double>(o.timeout->count()) / 1000.0);
+  if (o.timeout)
+    m["RINGREDUCE_TIMEOUT"] = std::to_string(static_cast<double>(o.timeout->count()) / 1000.0);
   return m;
 }
 
-bool has_root(Collective c) { return c == Collective::broadcast || c == Collective::reduce; }
+bool has_root(Collective c) {
+  return c == Collective::broadcast || c == Collective::reduce;
+}
 bool has_op(Collective c) {
   return c == Collective::allreduce || c == Collective::reduce_scatter || c == Collective::reduce;
 }
 
-std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::vector<uint8_t> to_bytes(const std::string& s) {
+  return {s.begin(), s.end()};
+}
 
 // Rebuilds `e` with `prefix` in front of its message, keeping its type.
-std::exception_ptr with_prefix(const Error& e, const std::string& prefix, const std::string& suffix) {
+std::exception_ptr with_prefix(const Error& e, const std::string& prefix,
+                               const std::string& suffix) {
   const std::string msg = prefix + e.what() + suffix;
   switch (e.code()) {
-    case ErrorCode::timeout: return std::make_exception_ptr(TimeoutError(msg));
+    case ErrorCode::timeout:
+      return std::make_exception_ptr(TimeoutError(msg));
     case ErrorCode::peer: {
       const auto* pe = dynamic_cast<const PeerError*>(&e);
       return std::make_exception_ptr(PeerError(msg, pe ? pe->peer() : -1));
     }
-    case ErrorCode::mismatch: return std::make_exception_ptr(MismatchError(msg));
-    case ErrorCode::invalid_argument: return std::make_exception_ptr(InvalidArgument(msg));
-    default: return std::make_exception_ptr(Error(msg, e.code()));
+    case ErrorCode::mismatch:
+      return std::make_exception_ptr(MismatchError(msg));
+    case ErrorCode::invalid_argument:
+      return std::make_exception_ptr(InvalidArgument(msg));
+    default:
+      return std::make_exception_ptr(Error(msg, e.code()));
   }
 }
 
@@ -83,14 +93,16 @@ CommImpl::CommImpl(const Options& options) : config_(overrides_from(options)) {
     size_ = launch.world_size;
     local_size = launch.local_size;
     if (launch.store_host.empty() || launch.store_port <= 0)
-      throw InvalidArgument("rank " + std::to_string(rank_) +
-                            ": no rendezvous address: set RINGREDUCE_ADDR=host:port (or MASTER_ADDR "
-                            "and MASTER_PORT) to the address of rank 0's host");
+      throw InvalidArgument(
+          "rank " + std::to_string(rank_) +
+          ": no rendezvous address: set RINGREDUCE_ADDR=host:port (or MASTER_ADDR "
+          "and MASTER_PORT) to the address of rank 0's host");
     store_host = launch.store_host;
     if (rank_ == 0 && config_.str("RINGREDUCE_STORE_SERVER") != "0") {
       // Rank 0 hosts the store on the address it was given, so it is reachable where the others
       // will look for it.
-      store_server_ = std::make_unique<rendezvous::TcpStoreServer>(launch.store_host, launch.store_port);
+      store_server_ =
+          std::make_unique<rendezvous::TcpStoreServer>(launch.store_host, launch.store_port);
     }
     auto tcp = rendezvous::connect_tcp_store(launch.store_host, launch.store_port, timeout_);
     store_ = std::make_shared<PrefixStore>(tcp, options.store_prefix);
@@ -129,8 +141,9 @@ CommImpl::CommImpl(const Options& options) : config_(overrides_from(options)) {
   const long cores = sysconf(_SC_NPROCESSORS_ONLN);
   const bool oversubscribed = local_size > 0 && cores > 0 && local_size > cores;
   topts.yield_while_spinning = oversubscribed;
-  topts.spin_us = config_.has("RINGREDUCE_SPIN_US") ? static_cast<int>(config_.integer("RINGREDUCE_SPIN_US"))
-                                                    : (oversubscribed ? 20 : 50);
+  topts.spin_us = config_.has("RINGREDUCE_SPIN_US")
+                      ? static_cast<int>(config_.integer("RINGREDUCE_SPIN_US"))
+                      : (oversubscribed ? 20 : 50);
   topts.store_host = store_host;
   transport_ = std::make_unique<transport::tcp::TcpTransport>(topts, config_, *store_, deadline);
   transport_->set_describer([this](const transport::OpTag& t) { return describe(t); });

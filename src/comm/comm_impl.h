@@ -50,7 +50,8 @@ class CommImpl {
   int rank() const { return rank_; }
   int size() const { return size_; }
 
-  std::shared_ptr<OpState> submit(const algorithms::Args& args, const CallOptions& call, bool async);
+  std::shared_ptr<OpState> submit(const algorithms::Args& args, const CallOptions& call,
+                                  bool async);
   // Waits for op; with a timeout, returns false if it has not finished by then.
   bool wait(OpState& op, std::optional<std::chrono::milliseconds> timeout);
   void abort(const std::string& reason);

@@ -24,7 +24,9 @@ bool Work::wait(std::chrono::milliseconds timeout) {
   return state_->comm->wait(*state_, timeout);
 }
 
-bool Work::test() { return wait(std::chrono::milliseconds(0)); }
+bool Work::test() {
+  return wait(std::chrono::milliseconds(0));
+}
 
 std::string Work::algorithm() const {
   if (!state_ || !state_->plan.algorithm) return "";
@@ -36,7 +38,9 @@ std::string Work::algorithm() const {
 
 // ---- Communicator ----------------------------------------------------------------------------
 
-Communicator Communicator::from_env(const Options& options) { return Communicator(options); }
+Communicator Communicator::from_env(const Options& options) {
+  return Communicator(options);
+}
 
 Communicator::Communicator(const Options& options)
     : impl_(std::make_unique<detail::CommImpl>(options)) {}
@@ -45,9 +49,15 @@ Communicator::~Communicator() = default;
 Communicator::Communicator(Communicator&&) noexcept = default;
 Communicator& Communicator::operator=(Communicator&&) noexcept = default;
 
-int Communicator::rank() const { return impl_->rank(); }
-int Communicator::size() const { return impl_->size(); }
-void Communicator::abort(const std::string& reason) { impl_->abort(reason); }
+int Communicator::rank() const {
+  return impl_->rank();
+}
+int Communicator::size() const {
+  return impl_->size();
+}
+void Communicator::abort(const std::string& reason) {
+  impl_->abort(reason);
+}
 
 void Communicator::check_same_size(size_t a, size_t b, const char* call) const {
   if (a != b)
@@ -79,12 +89,13 @@ Work Communicator::allreduce_async(const void* send, void* recv, size_t count, D
 }
 Work Communicator::reduce_scatter_async(const void* send, void* recv, size_t recv_count,
                                         DataType dtype, ReduceOp op, const CallOptions& call) {
-  return RR_SUBMIT(make(Collective::reduce_scatter, send, recv, recv_count, dtype, op, 0), call, true);
+  return RR_SUBMIT(make(Collective::reduce_scatter, send, recv, recv_count, dtype, op, 0), call,
+                   true);
 }
 Work Communicator::allgather_async(const void* send, void* recv, size_t send_count, DataType dtype,
                                    const CallOptions& call) {
-  return RR_SUBMIT(make(Collective::allgather, send, recv, send_count, dtype, ReduceOp::sum, 0), call,
-                   true);
+  return RR_SUBMIT(make(Collective::allgather, send, recv, send_count, dtype, ReduceOp::sum, 0),
+                   call, true);
 }
 Work Communicator::broadcast_async(void* buffer, size_t count, DataType dtype, int root,
                                    const CallOptions& call) {
@@ -102,7 +113,8 @@ Work Communicator::reduce_async(const void* send, void* recv, size_t count, Data
 }
 Work Communicator::alltoall_async(const void* send, void* recv, size_t count, DataType dtype,
                                   const CallOptions& call) {
-  return RR_SUBMIT(make(Collective::alltoall, send, recv, count, dtype, ReduceOp::sum, 0), call, true);
+  return RR_SUBMIT(make(Collective::alltoall, send, recv, count, dtype, ReduceOp::sum, 0), call,
+                   true);
 }
 Work Communicator::barrier_async(const CallOptions& call) {
   return RR_SUBMIT(make(Collective::barrier, nullptr, nullptr, 0, DataType::u8, ReduceOp::sum, 0),
@@ -110,17 +122,19 @@ Work Communicator::barrier_async(const CallOptions& call) {
 }
 
 // Blocking calls are submitted as such: their caller drives them, with no thread hand-off.
-void Communicator::allreduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
-                             const CallOptions& call) {
+void Communicator::allreduce(const void* send, void* recv, size_t count, DataType dtype,
+                             ReduceOp op, const CallOptions& call) {
   RR_SUBMIT(make(Collective::allreduce, send, recv, count, dtype, op, 0), call, false).wait();
 }
 void Communicator::reduce_scatter(const void* send, void* recv, size_t recv_count, DataType dtype,
                                   ReduceOp op, const CallOptions& call) {
-  RR_SUBMIT(make(Collective::reduce_scatter, send, recv, recv_count, dtype, op, 0), call, false).wait();
+  RR_SUBMIT(make(Collective::reduce_scatter, send, recv, recv_count, dtype, op, 0), call, false)
+      .wait();
 }
 void Communicator::allgather(const void* send, void* recv, size_t send_count, DataType dtype,
                              const CallOptions& call) {
-  RR_SUBMIT(make(Collective::allgather, send, recv, send_count, dtype, ReduceOp::sum, 0), call, false)
+  RR_SUBMIT(make(Collective::allgather, send, recv, send_count, dtype, ReduceOp::sum, 0), call,
+            false)
       .wait();
 }
 void Communicator::broadcast(void* buffer, size_t count, DataType dtype, int root,
@@ -140,7 +154,8 @@ void Communicator::reduce(const void* send, void* recv, size_t count, DataType d
 }
 void Communicator::alltoall(const void* send, void* recv, size_t count, DataType dtype,
                             const CallOptions& call) {
-  RR_SUBMIT(make(Collective::alltoall, send, recv, count, dtype, ReduceOp::sum, 0), call, false).wait();
+  RR_SUBMIT(make(Collective::alltoall, send, recv, count, dtype, ReduceOp::sum, 0), call, false)
+      .wait();
 }
 void Communicator::barrier(const CallOptions& call) {
   RR_SUBMIT(make(Collective::barrier, nullptr, nullptr, 0, DataType::u8, ReduceOp::sum, 0), call,

@@ -23,7 +23,8 @@ const std::vector<SettingInfo>& all_settings() {
        "network interface(s) for data sockets: eth0, ^docker,lo (exclude), =eth0 (exact)"},
       {"RINGREDUCE_SOCKET_FAMILY", "", "AF_INET or AF_INET6 to force an address family"},
       {"RINGREDUCE_SOCKET_BUFFER", "4M", "SO_SNDBUF/SO_RCVBUF of data sockets (0: kernel default)"},
-      {"RINGREDUCE_SPIN_US", "", "microseconds to poll before sleeping (default: 50, 5 if oversubscribed)"},
+      {"RINGREDUCE_SPIN_US", "",
+       "microseconds to poll before sleeping (default: 50, 5 if oversubscribed)"},
       {"RINGREDUCE_STORE_SERVER", "1", "0: rank 0 does not host the store (a standalone one runs)"},
   };
   return kSettings;
@@ -47,14 +48,25 @@ std::optional<uint64_t> parse_size(const std::string& text) {
   }
   if (pos == 0) return std::nullopt;
   if (pos == text.size()) return v;
-  if (pos + 1 != text.size() && !(pos + 2 == text.size() && (text[pos + 1] == 'B' || text[pos + 1] == 'b')))
+  if (pos + 1 != text.size() &&
+      !(pos + 2 == text.size() && (text[pos + 1] == 'B' || text[pos + 1] == 'b')))
     return std::nullopt;
   int shift = 0;
   switch (text[pos]) {
-    case 'k': case 'K': shift = 10; break;
-    case 'm': case 'M': shift = 20; break;
-    case 'g': case 'G': shift = 30; break;
-    default: return std::nullopt;
+    case 'k':
+    case 'K':
+      shift = 10;
+      break;
+    case 'm':
+    case 'M':
+      shift = 20;
+      break;
+    case 'g':
+    case 'G':
+      shift = 30;
+      break;
+    default:
+      return std::nullopt;
   }
   if (v > (UINT64_MAX >> shift)) return std::nullopt;
   return v << shift;
@@ -83,8 +95,12 @@ const Config::Value& Config::lookup(const std::string& name) const {
   return it->second;
 }
 
-std::string Config::str(const std::string& name) const { return lookup(name).value; }
-std::string Config::source(const std::string& name) const { return lookup(name).source; }
+std::string Config::str(const std::string& name) const {
+  return lookup(name).value;
+}
+std::string Config::source(const std::string& name) const {
+  return lookup(name).source;
+}
 
 uint64_t Config::size(const std::string& name) const {
   const Value& v = lookup(name);

@@ -27,10 +27,14 @@ const std::string& hostname() {
 bool parse_log_level(const std::string& text, LogLevel* out) {
   std::string t;
   for (char c : text) t += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  if (t == "WARN" || t == "WARNING" || t.empty()) *out = LogLevel::warn;
-  else if (t == "INFO") *out = LogLevel::info;
-  else if (t == "TRACE" || t == "DEBUG") *out = LogLevel::trace;
-  else return false;
+  if (t == "WARN" || t == "WARNING" || t.empty())
+    *out = LogLevel::warn;
+  else if (t == "INFO")
+    *out = LogLevel::info;
+  else if (t == "TRACE" || t == "DEBUG")
+    *out = LogLevel::trace;
+  else
+    return false;
   return true;
 }
 
@@ -49,7 +53,9 @@ LogLevel log_level() {
   return static_cast<LogLevel>(l);
 }
 
-void set_log_level(LogLevel level) { g_level.store(static_cast<int>(level)); }
+void set_log_level(LogLevel level) {
+  g_level.store(static_cast<int>(level));
+}
 
 void log_line(LogLevel level, int rank, const std::string& message) {
   static const char* kNames[] = {"WARN", "INFO", "TRACE"};

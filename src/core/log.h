@@ -15,7 +15,9 @@ LogLevel log_level();
 // Overrides the level (a Communicator built with an explicit RINGREDUCE_DEBUG option does this).
 void set_log_level(LogLevel level);
 bool parse_log_level(const std::string& text, LogLevel* out);
-inline bool log_enabled(LogLevel level) { return static_cast<int>(level) <= static_cast<int>(log_level()); }
+inline bool log_enabled(LogLevel level) {
+  return static_cast<int>(level) <= static_cast<int>(log_level());
+}
 
 // rank < 0 means "not yet known".
 void log_line(LogLevel level, int rank, const std::string& message);
@@ -30,9 +32,9 @@ std::string cat(const Args&... args) {
 
 }  // namespace ringreduce::core
 
-#define RR_LOG(level, rank, ...)                                                       \
-  do {                                                                                 \
-    if (::ringreduce::core::log_enabled(::ringreduce::core::LogLevel::level))          \
-      ::ringreduce::core::log_line(::ringreduce::core::LogLevel::level, (rank),        \
-                                   ::ringreduce::core::cat(__VA_ARGS__));              \
+#define RR_LOG(level, rank, ...)                                                \
+  do {                                                                          \
+    if (::ringreduce::core::log_enabled(::ringreduce::core::LogLevel::level))   \
+      ::ringreduce::core::log_line(::ringreduce::core::LogLevel::level, (rank), \
+                                   ::ringreduce::core::cat(__VA_ARGS__));       \
   } while (0)

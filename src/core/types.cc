@@ -6,37 +6,62 @@ namespace ringreduce {
 
 size_t dtype_size(DataType t) {
   switch (t) {
-    case DataType::f16: case DataType::bf16: return 2;
-    case DataType::f32: case DataType::i32: case DataType::u32: return 4;
-    case DataType::f64: case DataType::i64: case DataType::u64: return 8;
-    case DataType::i8: case DataType::u8: return 1;
+    case DataType::f16:
+    case DataType::bf16:
+      return 2;
+    case DataType::f32:
+    case DataType::i32:
+    case DataType::u32:
+      return 4;
+    case DataType::f64:
+    case DataType::i64:
+    case DataType::u64:
+      return 8;
+    case DataType::i8:
+    case DataType::u8:
+      return 1;
   }
   return 0;
 }
 
 const char* dtype_name(DataType t) {
   switch (t) {
-    case DataType::f16: return "half";
-    case DataType::bf16: return "bfloat16";
-    case DataType::f32: return "float";
-    case DataType::f64: return "double";
-    case DataType::i8: return "int8";
-    case DataType::u8: return "uint8";
-    case DataType::i32: return "int32";
-    case DataType::u32: return "uint32";
-    case DataType::i64: return "int64";
-    case DataType::u64: return "uint64";
+    case DataType::f16:
+      return "half";
+    case DataType::bf16:
+      return "bfloat16";
+    case DataType::f32:
+      return "float";
+    case DataType::f64:
+      return "double";
+    case DataType::i8:
+      return "int8";
+    case DataType::u8:
+      return "uint8";
+    case DataType::i32:
+      return "int32";
+    case DataType::u32:
+      return "uint32";
+    case DataType::i64:
+      return "int64";
+    case DataType::u64:
+      return "uint64";
   }
   return "?";
 }
 
 const char* op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return "sum";
-    case ReduceOp::prod: return "prod";
-    case ReduceOp::min: return "min";
-    case ReduceOp::max: return "max";
-    case ReduceOp::avg: return "avg";
+    case ReduceOp::sum:
+      return "sum";
+    case ReduceOp::prod:
+      return "prod";
+    case ReduceOp::min:
+      return "min";
+    case ReduceOp::max:
+      return "max";
+    case ReduceOp::avg:
+      return "avg";
   }
   return "?";
 }
@@ -46,18 +71,19 @@ bool is_float(DataType t) {
 }
 
 bool parse_dtype(const std::string& n, DataType* out) {
-  struct Alias { const char* name; DataType t; };
+  struct Alias {
+    const char* name;
+    DataType t;
+  };
   static const Alias kAliases[] = {
-      {"half", DataType::f16},    {"f16", DataType::f16},    {"float16", DataType::f16},
-      {"bfloat16", DataType::bf16}, {"bf16", DataType::bf16},
-      {"float", DataType::f32},   {"f32", DataType::f32},    {"float32", DataType::f32},
-      {"double", DataType::f64},  {"f64", DataType::f64},    {"float64", DataType::f64},
-      {"int8", DataType::i8},     {"i8", DataType::i8},
-      {"uint8", DataType::u8},    {"u8", DataType::u8},
-      {"int32", DataType::i32},   {"i32", DataType::i32},    {"int", DataType::i32},
-      {"uint32", DataType::u32},  {"u32", DataType::u32},
-      {"int64", DataType::i64},   {"i64", DataType::i64},
-      {"uint64", DataType::u64},  {"u64", DataType::u64},
+      {"half", DataType::f16},      {"f16", DataType::f16},     {"float16", DataType::f16},
+      {"bfloat16", DataType::bf16}, {"bf16", DataType::bf16},   {"float", DataType::f32},
+      {"f32", DataType::f32},       {"float32", DataType::f32}, {"double", DataType::f64},
+      {"f64", DataType::f64},       {"float64", DataType::f64}, {"int8", DataType::i8},
+      {"i8", DataType::i8},         {"uint8", DataType::u8},    {"u8", DataType::u8},
+      {"int32", DataType::i32},     {"i32", DataType::i32},     {"int", DataType::i32},
+      {"uint32", DataType::u32},    {"u32", DataType::u32},     {"int64", DataType::i64},
+      {"i64", DataType::i64},       {"uint64", DataType::u64},  {"u64", DataType::u64},
   };
   for (const auto& a : kAliases) {
     if (n == a.name) {

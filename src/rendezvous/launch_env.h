@@ -20,9 +20,9 @@ struct LaunchInfo {
   int world_size = -1;
   std::string store_host;  // empty if no address was found
   int store_port = -1;
-  int local_rank = -1;     // -1 when the launcher does not say
+  int local_rank = -1;  // -1 when the launcher does not say
   int local_size = -1;
-  std::string launcher;    // "ringreduce", "torchrun", "openmpi", "slurm", "pmi", "options"
+  std::string launcher;  // "ringreduce", "torchrun", "openmpi", "slurm", "pmi", "options"
 };
 
 // Reads the resolved config (Options override the RINGREDUCE_* variables) and then the

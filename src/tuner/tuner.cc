@@ -16,10 +16,9 @@ namespace {
 // from 1 MiB (1.1 ms against 1.5 ms).
 constexpr size_t kRecursiveDoublingMaxBytes = 512 << 10;
 
-const Collective kAllCollectives[] = {Collective::allreduce, Collective::reduce_scatter,
-                                      Collective::allgather, Collective::broadcast,
-                                      Collective::reduce,    Collective::alltoall,
-                                      Collective::barrier};
+const Collective kAllCollectives[] = {
+    Collective::allreduce, Collective::reduce_scatter, Collective::allgather, Collective::broadcast,
+    Collective::reduce,    Collective::alltoall,       Collective::barrier};
 
 Collective parse_collective(const std::string& s) {
   for (Collective c : kAllCollectives)

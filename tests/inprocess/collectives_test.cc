@@ -21,7 +21,8 @@ class Expected {
     auto it = cache_.find(key);
     if (it != cache_.end()) return it->second;
     std::vector<char> buf(std::max<size_t>(1, count * ringreduce::dtype_size(t)));
-    for (size_t i = 0; i < count; ++i) store_value(t, buf.data(), i, expected_value(size, i, t, op));
+    for (size_t i = 0; i < count; ++i)
+      store_value(t, buf.data(), i, expected_value(size, i, t, op));
     return cache_[key] = std::move(buf);
   }
 
@@ -30,7 +31,9 @@ class Expected {
   std::map<std::tuple<int, size_t, int, int>, std::vector<char>> cache_;
 };
 
-std::vector<size_t> counts_for(int n) { return {0, 1, static_cast<size_t>(n - 1), 7, (1u << 20) + 3}; }
+std::vector<size_t> counts_for(int n) {
+  return {0, 1, static_cast<size_t>(n - 1), 7, (1u << 20) + 3};
+}
 
 std::string what(const char* call, int n, size_t count, DataType t, ReduceOp op, bool in_place) {
   return std::string(call) + " n=" + std::to_string(n) + " count=" + std::to_string(count) + " " +
@@ -44,29 +47,38 @@ void allreduce_matrix(int n, const std::string& algo) {
   Expected expected;
   std::map<std::string, std::string> settings;
   if (!algo.empty()) settings["RINGREDUCE_ALGO"] = "allreduce:" + algo;
-  run_ranks(n, [&](Communicator& comm) {
-    for (size_t count : counts_for(n))
-      for (DataType t : all_dtypes())
-        for (ReduceOp op : all_ops())
-          for (bool in_place : {false, true}) {
-            const size_t bytes = count * ringreduce::dtype_size(t);
-            auto in = make_input(comm.rank(), count, t, op);
-            std::vector<char> out(std::max<size_t>(1, bytes), 0x5a);
-            void* dst = in_place ? in.data() : out.data();
-            comm.allreduce(in.data(), dst, count, t, op);
-            const auto& want = expected.get(n, count, t, op);
-            ASSERT_EQ(0, std::memcmp(dst, want.data(), bytes))
-                << what(("allreduce/" + (algo.empty() ? "tuner" : algo)).c_str(), n, count, t, op, in_place);
-            if (!in_place) {
-              // Out of place never writes the input.
-              ASSERT_EQ(0, std::memcmp(in.data(), make_input(comm.rank(), count, t, op).data(), bytes));
-            }
-          }
-  }, settings);
+  run_ranks(
+      n,
+      [&](Communicator& comm) {
+        for (size_t count : counts_for(n))
+          for (DataType t : all_dtypes())
+            for (ReduceOp op : all_ops())
+              for (bool in_place : {false, true}) {
+                const size_t bytes = count * ringreduce::dtype_size(t);
+                auto in = make_input(comm.rank(), count, t, op);
+                std::vector<char> out(std::max<size_t>(1, bytes), 0x5a);
+                void* dst = in_place ? in.data() : out.data();
+                comm.allreduce(in.data(), dst, count, t, op);
+                const auto& want = expected.get(n, count, t, op);
+                ASSERT_EQ(0, std::memcmp(dst, want.data(), bytes))
+                    << what(("allreduce/" + (algo.empty() ? "tuner" : algo)).c_str(), n, count, t,
+                            op, in_place);
+                if (!in_place) {
+                  // Out of place never writes the input.
+                  ASSERT_EQ(0, std::memcmp(in.data(), make_input(comm.rank(), count, t, op).data(),
+                                           bytes));
+                }
+              }
+      },
+      settings);
 }
 
-TEST_P(Matrix, AllreduceTunerEveryDtypeOpCountPlacement) { allreduce_matrix(GetParam(), ""); }
-TEST_P(Matrix, AllreduceRingEveryDtypeOpCountPlacement) { allreduce_matrix(GetParam(), "ring"); }
+TEST_P(Matrix, AllreduceTunerEveryDtypeOpCountPlacement) {
+  allreduce_matrix(GetParam(), "");
+}
+TEST_P(Matrix, AllreduceRingEveryDtypeOpCountPlacement) {
+  allreduce_matrix(GetParam(), "ring");
+}
 TEST_P(Matrix, AllreduceRecursiveDoublingEveryDtypeOpCountPlacement) {
   allreduce_matrix(GetParam(), "rd");
 }
@@ -75,23 +87,22 @@ TEST_P(Matrix, AllreduceTinySegmentsPipeline) {
   const int n = GetParam();
   Expected expected;
   // 8-byte segments: every chunk is cut into many segments, all in flight at once.
-  run_ranks(
-      n,
-      [&](Communicator& comm) {
-        for (size_t count : {static_cast<size_t>(n - 1), size_t{7}, size_t{1001}})
-          for (DataType t : all_dtypes())
-            for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max})
-              for (bool in_place : {false, true}) {
-                const size_t bytes = count * ringreduce::dtype_size(t);
-                auto in = make_input(comm.rank(), count, t, op);
-                std::vector<char> out(std::max<size_t>(1, bytes));
-                void* dst = in_place ? in.data() : out.data();
-                comm.allreduce(in.data(), dst, count, t, op);
-                ASSERT_EQ(0, std::memcmp(dst, expected.get(n, count, t, op).data(), bytes))
-                    << what("allreduce/8B segments", n, count, t, op, in_place);
-              }
-      },
-      {{"RINGREDUCE_SEGMENT_BYTES", "8"}, {"RINGREDUCE_ALGO", "allreduce:ring"}});
+  run_ranks(n,
+            [&](Communicator& comm) {
+              for (size_t count : {static_cast<size_t>(n - 1), size_t{7}, size_t{1001}})
+                for (DataType t : all_dtypes())
+                  for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max})
+                    for (bool in_place : {false, true}) {
+                      const size_t bytes = count * ringreduce::dtype_size(t);
+                      auto in = make_input(comm.rank(), count, t, op);
+                      std::vector<char> out(std::max<size_t>(1, bytes));
+                      void* dst = in_place ? in.data() : out.data();
+                      comm.allreduce(in.data(), dst, count, t, op);
+                      ASSERT_EQ(0, std::memcmp(dst, expected.get(n, count, t, op).data(), bytes))
+                          << what("allreduce/8B segments", n, count, t, op, in_place);
+                    }
+            },
+            {{"RINGREDUCE_SEGMENT_BYTES", "8"}, {"RINGREDUCE_ALGO", "allreduce:ring"}});
 }
 
 TEST_P(Matrix, ReduceScatterAllgatherBroadcastReduceAlltoall) {
@@ -116,8 +127,9 @@ TEST_P(Matrix, ReduceScatterAllgatherBroadcastReduceAlltoall) {
                 auto in = make_input(r, total, t, op);
                 std::vector<char> out(std::max<size_t>(1, block * elem));
                 comm.reduce_scatter(in.data(), out.data(), block, t, op);
-                ASSERT_EQ(0, std::memcmp(out.data(), want.data() + static_cast<size_t>(r) * block * elem,
-                                         block * elem))
+                ASSERT_EQ(
+                    0, std::memcmp(out.data(), want.data() + static_cast<size_t>(r) * block * elem,
+                                   block * elem))
                     << what("reduce_scatter", n, block, t, op, false);
 
                 // reduce to every root in turn (recv only on the root).
@@ -141,8 +153,10 @@ TEST_P(Matrix, ReduceScatterAllgatherBroadcastReduceAlltoall) {
                                            theirs.data(), block * elem))
                       << what("allgather", n, block, t, op, false) << " block " << j;
                 }
-                std::memcpy(gathered.data() + static_cast<size_t>(r) * block * elem, mine.data(), block * elem);
-                comm.allgather(gathered.data() + static_cast<size_t>(r) * block * elem, gathered.data(), block, t);
+                std::memcpy(gathered.data() + static_cast<size_t>(r) * block * elem, mine.data(),
+                            block * elem);
+                comm.allgather(gathered.data() + static_cast<size_t>(r) * block * elem,
+                               gathered.data(), block, t);
                 for (int j = 0; j < n; ++j)
                   ASSERT_EQ(0, std::memcmp(gathered.data() + static_cast<size_t>(j) * block * elem,
                                            make_input(j, block, t, op).data(), block * elem))
@@ -150,17 +164,21 @@ TEST_P(Matrix, ReduceScatterAllgatherBroadcastReduceAlltoall) {
 
                 // broadcast from a root that is not rank 0 when possible.
                 const int root = n - 1;
-                std::vector<char> b = r == root ? make_input(root, total, t, op)
-                                                : std::vector<char>(std::max<size_t>(1, total * elem), 0);
+                std::vector<char> b = r == root
+                                          ? make_input(root, total, t, op)
+                                          : std::vector<char>(std::max<size_t>(1, total * elem), 0);
                 comm.broadcast(b.data(), total, t, root);
-                ASSERT_EQ(0, std::memcmp(b.data(), make_input(root, total, t, op).data(), total * elem))
+                ASSERT_EQ(
+                    0, std::memcmp(b.data(), make_input(root, total, t, op).data(), total * elem))
                     << what("broadcast", n, total, t, op, false);
 
-                // alltoall: block j of rank i's input is (i, j)-specific; recv block j comes from j.
+                // alltoall: block j of rank i's input is (i, j)-specific; recv block j comes from
+                // j.
                 std::vector<char> a2a_in(std::max<size_t>(1, total * elem)), a2a_out(a2a_in.size());
                 for (int j = 0; j < n; ++j)
                   for (size_t k = 0; k < block; ++k)
-                    store_value(t, a2a_in.data(), static_cast<size_t>(j) * block + k, (r * 3 + j + k) % 7);
+                    store_value(t, a2a_in.data(), static_cast<size_t>(j) * block + k,
+                                (r * 3 + j + k) % 7);
                 comm.alltoall(a2a_in.data(), a2a_out.data(), block, t);
                 for (int j = 0; j < n; ++j)
                   for (size_t k = 0; k < block; ++k)

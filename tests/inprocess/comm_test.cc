@@ -19,7 +19,9 @@ using namespace std::chrono_literals;
 using ringreduce::Communicator;
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 TEST(Comm, AsyncOpsCompleteInIssueOrderAndOverlapTheCaller) {
   run_ranks(3, [](Communicator& comm) {
@@ -84,10 +86,13 @@ TEST(Comm, TimeoutNamesTheRankWaitedOnOpAndSequence) {
         EXPECT_LT(seconds_since(t), 0.5);
       },
       {}, 30s);
-  EXPECT_NE(messages[3].find("rank 3: allreduce #2 (float x 1024, sum): timed out waiting for rank 2"),
-            std::string::npos)
+  EXPECT_NE(
+      messages[3].find("rank 3: allreduce #2 (float x 1024, sum): timed out waiting for rank 2"),
+      std::string::npos)
       << messages[3];
-  for (int r : {0, 1}) EXPECT_NE(messages[static_cast<size_t>(r)].find("allreduce #2"), std::string::npos) << messages[static_cast<size_t>(r)];
+  for (int r : {0, 1})
+    EXPECT_NE(messages[static_cast<size_t>(r)].find("allreduce #2"), std::string::npos)
+        << messages[static_cast<size_t>(r)];
 }
 
 TEST(Comm, MismatchedDtypeOpRootAndKindAreNamedOnEveryRank) {
@@ -96,22 +101,30 @@ TEST(Comm, MismatchedDtypeOpRootAndKindAreNamedOnEveryRank) {
     std::function<void(Communicator&)> call;
   };
   std::vector<Case> cases = {
-      {"dtype", [](Communicator& c) {
+      {"dtype",
+       [](Communicator& c) {
          std::vector<double> d(64);
-         c.allreduce(d.data(), d.data(), 64, c.rank() == 1 ? DataType::f32 : DataType::f64, ReduceOp::sum);
+         c.allreduce(d.data(), d.data(), 64, c.rank() == 1 ? DataType::f32 : DataType::f64,
+                     ReduceOp::sum);
        }},
-      {"op", [](Communicator& c) {
+      {"op",
+       [](Communicator& c) {
          std::vector<float> d(64);
-         c.allreduce(d.data(), d.data(), 64, DataType::f32, c.rank() == 0 ? ReduceOp::max : ReduceOp::sum);
+         c.allreduce(d.data(), d.data(), 64, DataType::f32,
+                     c.rank() == 0 ? ReduceOp::max : ReduceOp::sum);
        }},
-      {"root", [](Communicator& c) {
+      {"root",
+       [](Communicator& c) {
          std::vector<float> d(64);
          c.broadcast(d.data(), 64, DataType::f32, c.rank() == 2 ? 1 : 0);
        }},
-      {"kind", [](Communicator& c) {
+      {"kind",
+       [](Communicator& c) {
          std::vector<float> d(64 * 3);
-         if (c.rank() == 1) c.allgather(d.data(), d.data(), 64, DataType::f32);
-         else c.allreduce(d.data(), d.data(), 64 * 3, DataType::f32, ReduceOp::sum);
+         if (c.rank() == 1)
+           c.allgather(d.data(), d.data(), 64, DataType::f32);
+         else
+           c.allreduce(d.data(), d.data(), 64 * 3, DataType::f32, ReduceOp::sum);
        }},
   };
   for (auto& cs : cases) {
@@ -128,7 +141,8 @@ TEST(Comm, MismatchedDtypeOpRootAndKindAreNamedOnEveryRank) {
             ADD_FAILURE() << cs.name << ": rank " << comm.rank() << " saw no error";
           } catch (const ringreduce::MismatchError& e) {
             EXPECT_LT(seconds_since(start), 5.0);
-            EXPECT_NE(std::string(e.what()).find("rank " + std::to_string(comm.rank()) + ": "), std::string::npos);
+            EXPECT_NE(std::string(e.what()).find("rank " + std::to_string(comm.rank()) + ": "),
+                      std::string::npos);
             ++mismatches;
           }
         },
@@ -173,13 +187,16 @@ TEST(Comm, BadArgumentsNameRankAndCallAndDoNotAbort) {
       comm.broadcast(buf.data(), buf.size(), DataType::f32, 5);
       ADD_FAILURE();
     } catch (const ringreduce::InvalidArgument& e) {
-      EXPECT_NE(std::string(e.what()).find("rank " + std::to_string(comm.rank()) + ": broadcast #1"),
-                std::string::npos)
+      EXPECT_NE(
+          std::string(e.what()).find("rank " + std::to_string(comm.rank()) + ": broadcast #1"),
+          std::string::npos)
           << e.what();
       EXPECT_NE(std::string(e.what()).find("root 5"), std::string::npos) << e.what();
     }
-    EXPECT_THROW(comm.allreduce(nullptr, nullptr, 4, DataType::f32, ReduceOp::sum), ringreduce::InvalidArgument);
-    EXPECT_THROW(comm.alltoall(buf.data(), buf.data(), 8, DataType::f32), ringreduce::InvalidArgument);
+    EXPECT_THROW(comm.allreduce(nullptr, nullptr, 4, DataType::f32, ReduceOp::sum),
+                 ringreduce::InvalidArgument);
+    EXPECT_THROW(comm.alltoall(buf.data(), buf.data(), 8, DataType::f32),
+                 ringreduce::InvalidArgument);
     // The communicator is still good, and sequence numbers stayed aligned.
     comm.allreduce(std::span<float>(buf), ReduceOp::sum);
   });
@@ -203,19 +220,23 @@ TEST(Comm, Ipv6DataConnections) {
     if (fd >= 0) close(fd);
     if (!ok) GTEST_SKIP() << "no IPv6 loopback on this machine";
   }
-  run_ranks(3, [](Communicator& comm) {
-    std::vector<int64_t> buf(1000, comm.rank());
-    comm.allreduce(std::span<int64_t>(buf), ReduceOp::sum);
-    EXPECT_EQ(buf[0], 3);
-  }, {{"RINGREDUCE_SOCKET_FAMILY", "AF_INET6"}});
+  run_ranks(3,
+            [](Communicator& comm) {
+              std::vector<int64_t> buf(1000, comm.rank());
+              comm.allreduce(std::span<int64_t>(buf), ReduceOp::sum);
+              EXPECT_EQ(buf[0], 3);
+            },
+            {{"RINGREDUCE_SOCKET_FAMILY", "AF_INET6"}});
 }
 
 TEST(Comm, InterfaceByName) {
-  run_ranks(2, [](Communicator& comm) {
-    std::vector<float> buf(10, 1.0f);
-    comm.allreduce(std::span<float>(buf), ReduceOp::sum);
-    EXPECT_EQ(buf[0], 2.0f);
-  }, {{"RINGREDUCE_SOCKET_IFNAME", "=lo"}, {"RINGREDUCE_SOCKET_FAMILY", "AF_INET"}});
+  run_ranks(2,
+            [](Communicator& comm) {
+              std::vector<float> buf(10, 1.0f);
+              comm.allreduce(std::span<float>(buf), ReduceOp::sum);
+              EXPECT_EQ(buf[0], 2.0f);
+            },
+            {{"RINGREDUCE_SOCKET_IFNAME", "=lo"}, {"RINGREDUCE_SOCKET_FAMILY", "AF_INET"}});
   // Checked at start-up even when there is nobody to connect to.
   EXPECT_THROW(run_ranks(1, [](Communicator&) {}, {{"RINGREDUCE_SOCKET_IFNAME", "=nosuchif0"}}),
                ringreduce::InvalidArgument);
@@ -245,7 +266,8 @@ TEST(Comm, StrangersAtStartUpAreDroppedAndTheJobConnects) {
   std::string addr(raw.begin(), raw.end());
   auto a = addr.find('|'), b = addr.find('|', a + 1);
   ringreduce::transport::tcp::SockAddr sa;
-  ASSERT_TRUE(ringreduce::transport::tcp::parse_numeric(addr.substr(0, a), std::stoi(addr.substr(a + 1, b - a - 1)), &sa));
+  ASSERT_TRUE(ringreduce::transport::tcp::parse_numeric(
+      addr.substr(0, a), std::stoi(addr.substr(a + 1, b - a - 1)), &sa));
   auto deadline = ringreduce::core::Deadline::after(5s);
   auto garbage = ringreduce::transport::tcp::connect_to(sa, deadline);
   ASSERT_EQ(write(garbage.get(), "GET / HTTP/1.0\r\n\r\n-----------------", 36), 36);
@@ -309,7 +331,8 @@ TEST(Comm, CApiReportsErrorsWithoutExceptions) {
   for (int rc : results) EXPECT_EQ(rc, RR_OK);
   rr_comm_t* none = nullptr;
   EXPECT_EQ(rr_comm_init(&none, 5, 2, "127.0.0.1:1", nullptr, 1), RR_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(rr_last_error(nullptr)).find("RINGREDUCE_RANK"), std::string::npos) << rr_last_error(nullptr);
+  EXPECT_NE(std::string(rr_last_error(nullptr)).find("RINGREDUCE_RANK"), std::string::npos)
+      << rr_last_error(nullptr);
 }
 
 }  // namespace

@@ -73,10 +73,9 @@ inline std::vector<char> make_input(int rank, size_t count, DataType t, ReduceOp
 }
 
 inline const std::vector<DataType>& all_dtypes() {
-  static const std::vector<DataType> v = {DataType::f16, DataType::bf16, DataType::f32,
-                                          DataType::f64, DataType::i8,   DataType::u8,
-                                          DataType::i32, DataType::u32,  DataType::i64,
-                                          DataType::u64};
+  static const std::vector<DataType> v = {
+      DataType::f16, DataType::bf16, DataType::f32, DataType::f64, DataType::i8,
+      DataType::u8,  DataType::i32,  DataType::u32, DataType::i64, DataType::u64};
   return v;
 }
 inline const std::vector<ReduceOp>& all_ops() {

@@ -94,7 +94,8 @@ TEST(RingSchedule, ExampleFourRanksMatchesSeed000AndEndsFullyReduced) {
     while (cells >> cell) {
       ASSERT_EQ(cell.size(), 8u) << line;
       std::set<char> letters, ranks;
-      for (size_t i = 0; i < cell.size(); i += 2) letters.insert(cell[i]), ranks.insert(cell[i + 1]);
+      for (size_t i = 0; i < cell.size(); i += 2)
+        letters.insert(cell[i]), ranks.insert(cell[i + 1]);
       EXPECT_EQ(letters, std::set<char>{static_cast<char>('a' + col)}) << line;
       EXPECT_EQ(ranks, (std::set<char>{'0', '1', '2', '3'})) << line;
       ++col;

@@ -116,15 +116,18 @@ SockAddr choose_data_address(const core::Config& config, const std::string& stor
   const std::string ifname = config.str("RINGREDUCE_SOCKET_IFNAME");
   const std::string family_name = config.str("RINGREDUCE_SOCKET_FAMILY");
   int want_family = AF_UNSPEC;
-  if (family_name == "AF_INET" || family_name == "inet" || family_name == "4") want_family = AF_INET;
+  if (family_name == "AF_INET" || family_name == "inet" || family_name == "4")
+    want_family = AF_INET;
   else if (family_name == "AF_INET6" || family_name == "inet6" || family_name == "6")
     want_family = AF_INET6;
   else if (!family_name.empty())
-    throw InvalidArgument("RINGREDUCE_SOCKET_FAMILY='" + family_name + "' is not AF_INET or AF_INET6");
+    throw InvalidArgument("RINGREDUCE_SOCKET_FAMILY='" + family_name +
+                          "' is not AF_INET or AF_INET6");
 
   SockAddr out;
   if (ifname.empty() && is_loopback_host(store_host)) {
-    bool v6 = want_family == AF_INET6 || (want_family == AF_UNSPEC && store_host.find(':') != std::string::npos);
+    bool v6 = want_family == AF_INET6 ||
+              (want_family == AF_UNSPEC && store_host.find(':') != std::string::npos);
     parse_numeric(v6 ? "::1" : "127.0.0.1", 0, &out);
     return out;
   }
@@ -199,7 +202,8 @@ core::Fd listen_on(const SockAddr& addr, SockAddr* bound) {
   if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&addr.storage), addr.len) != 0)
     throw Error("bind(" + addr.str() + ") failed: " + strerror(errno));
   // A deep backlog: every higher rank connects at once, before this rank starts accepting.
-  if (::listen(fd.get(), 4096) != 0) throw Error(std::string("listen() failed: ") + strerror(errno));
+  if (::listen(fd.get(), 4096) != 0)
+    throw Error(std::string("listen() failed: ") + strerror(errno));
   bound->len = sizeof(bound->storage);
   if (getsockname(fd.get(), reinterpret_cast<sockaddr*>(&bound->storage), &bound->len) != 0)
     throw Error(std::string("getsockname() failed: ") + strerror(errno));

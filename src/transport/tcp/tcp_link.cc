@@ -149,13 +149,19 @@ void TcpLink::recv_reduce(void* dst, const void* local, size_t bytes, const Redu
 
 void TcpLink::recv_reduce_send(void* dst, const void* local, size_t bytes, const Reduction& r,
                                Link& next, Completion* c) {
-  post_recv({RecvKind::reduce_send, static_cast<char*>(dst), static_cast<const char*>(local),
-             bytes, 0, r, &static_cast<TcpLink&>(next), c});
+  post_recv({RecvKind::reduce_send, static_cast<char*>(dst), static_cast<const char*>(local), bytes,
+             0, r, &static_cast<TcpLink&>(next), c});
 }
 
 void TcpLink::recv_copy_send(void* dst, size_t bytes, Link& next, Completion* c) {
-  post_recv({RecvKind::copy_send, static_cast<char*>(dst), nullptr, bytes, 0, {},
-             &static_cast<TcpLink&>(next), c});
+  post_recv({RecvKind::copy_send,
+             static_cast<char*>(dst),
+             nullptr,
+             bytes,
+             0,
+             {},
+             &static_cast<TcpLink&>(next),
+             c});
 }
 
 void TcpLink::finish_recv() {
@@ -255,7 +261,8 @@ void TcpLink::on_readable() {
     if (in_header_ready_ && in_header_checked_ && inbox_begin_ == inbox_end_ && !recvs_.empty()) {
       RecvOp& op = recvs_.front();
       size_t want = op.bytes - op.done;
-      if ((op.kind == RecvKind::plain || op.kind == RecvKind::copy_send) && want >= kDirectReadMin) {
+      if ((op.kind == RecvKind::plain || op.kind == RecvKind::copy_send) &&
+          want >= kDirectReadMin) {
         ssize_t r = ::recv(fd_.get(), op.dst + op.done, want, MSG_DONTWAIT);
         if (r > 0) {
           op.done += static_cast<size_t>(r);
@@ -281,7 +288,8 @@ void TcpLink::on_readable() {
     size_t want_bytes = kInboxBytes - inbox_end_;
     if (!in_header_ready_ && !recvs_.empty() && inbox_end_ - inbox_begin_ < sizeof(FrameHeader)) {
       const RecvOp& op = recvs_.front();
-      if ((op.kind == RecvKind::plain || op.kind == RecvKind::copy_send) && op.bytes >= kDirectReadMin)
+      if ((op.kind == RecvKind::plain || op.kind == RecvKind::copy_send) &&
+          op.bytes >= kDirectReadMin)
         want_bytes = std::min(want_bytes, sizeof(FrameHeader) - (inbox_end_ - inbox_begin_));
     }
     ssize_t r = ::recv(fd_.get(), inbox_.get() + inbox_end_, want_bytes, MSG_DONTWAIT);
@@ -300,7 +308,8 @@ void TcpLink::on_readable() {
 void TcpLink::read_pending_notice() {
   if (!inbox_) inbox_ = std::make_unique<char[]>(kInboxBytes);
   for (int i = 0; i < 64 && inbox_end_ < kInboxBytes; ++i) {
-    ssize_t r = ::recv(fd_.get(), inbox_.get() + inbox_end_, kInboxBytes - inbox_end_, MSG_DONTWAIT);
+    ssize_t r =
+        ::recv(fd_.get(), inbox_.get() + inbox_end_, kInboxBytes - inbox_end_, MSG_DONTWAIT);
     if (r <= 0) break;
     inbox_end_ += static_cast<size_t>(r);
   }

@@ -62,9 +62,9 @@ class TcpLink final : public Link {
   struct SendOp {
     FrameHeader header;
     const char* data;
-    size_t bytes;     // payload bytes
-    size_t written;   // of header + payload
-    Completion* c;    // may be null (abort notice)
+    size_t bytes;    // payload bytes
+    size_t written;  // of header + payload
+    Completion* c;   // may be null (abort notice)
   };
 
   void post_recv(RecvOp op);

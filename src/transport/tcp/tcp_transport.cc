@@ -18,8 +18,12 @@
 namespace ringreduce::transport::tcp {
 namespace {
 
-std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
-std::string from_bytes(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
+std::vector<uint8_t> to_bytes(const std::string& s) {
+  return {s.begin(), s.end()};
+}
+std::string from_bytes(const std::vector<uint8_t>& v) {
+  return {v.begin(), v.end()};
+}
 
 std::string local_hostname() {
   char buf[256] = {};
@@ -65,7 +69,9 @@ TcpTransport::~TcpTransport() = default;
 Link& TcpTransport::link(int peer, int channel) {
   auto& l = links_[static_cast<size_t>(peer) * static_cast<size_t>(opts_.channels) +
                    static_cast<size_t>(channel)];
-  if (!l) throw Error("no link from rank " + std::to_string(opts_.rank) + " to rank " + std::to_string(peer));
+  if (!l)
+    throw Error("no link from rank " + std::to_string(opts_.rank) + " to rank " +
+                std::to_string(peer));
   return *l;
 }
 
@@ -88,12 +94,14 @@ void TcpTransport::connect_mesh(const core::Config& config, Store& store,
     std::string v = from_bytes(store.get("addr/" + std::to_string(q), timeout_ms));
     auto a = v.find('|'), b = v.find('|', a + 1);
     if (a == std::string::npos || b == std::string::npos ||
-        !parse_numeric(v.substr(0, a), std::stoi(v.substr(a + 1, b - a - 1)), &peers[static_cast<size_t>(q)]))
+        !parse_numeric(v.substr(0, a), std::stoi(v.substr(a + 1, b - a - 1)),
+                       &peers[static_cast<size_t>(q)]))
       throw Error("rank " + std::to_string(q) + " published an unreadable address '" + v + "'");
   }
 
   auto slot = [&](int peer, int ch) -> std::unique_ptr<TcpLink>& {
-    return links_[static_cast<size_t>(peer) * static_cast<size_t>(channels) + static_cast<size_t>(ch)];
+    return links_[static_cast<size_t>(peer) * static_cast<size_t>(channels) +
+                  static_cast<size_t>(ch)];
   };
   auto make_hello = [&](int ch) {
     Hello h;
@@ -153,19 +161,28 @@ void TcpTransport::connect_mesh(const core::Config& config, Store& store,
       PendingAccept& p = pending[i];
       bool drop = false;
       std::string why;
-      ssize_t r = ::recv(p.fd.get(), reinterpret_cast<char*>(&p.hello) + p.got, sizeof(Hello) - p.got, 0);
-      if (r > 0) p.got += static_cast<size_t>(r);
+      ssize_t r =
+          ::recv(p.fd.get(), reinterpret_cast<char*>(&p.hello) + p.got, sizeof(Hello) - p.got, 0);
+      if (r > 0)
+        p.got += static_cast<size_t>(r);
       else if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
         drop = true, why = "closed before finishing its hello";
       if (!drop && p.got == sizeof(Hello)) {
         const Hello& h = p.hello;
-        if (h.magic != kHelloMagic) why = "bad magic";
-        else if (h.version != kProtocolVersion) why = "protocol version " + std::to_string(h.version);
-        else if (h.comm_id != opts_.comm_id) why = "belongs to another communicator";
-        else if (h.world_size != size) why = "world size " + std::to_string(h.world_size);
-        else if (h.rank <= rank || h.rank >= size) why = "unexpected rank " + std::to_string(h.rank);
-        else if (h.channel < 0 || h.channel >= channels) why = "bad channel";
-        else if (slot(h.rank, h.channel)) why = "duplicate connection";
+        if (h.magic != kHelloMagic)
+          why = "bad magic";
+        else if (h.version != kProtocolVersion)
+          why = "protocol version " + std::to_string(h.version);
+        else if (h.comm_id != opts_.comm_id)
+          why = "belongs to another communicator";
+        else if (h.world_size != size)
+          why = "world size " + std::to_string(h.world_size);
+        else if (h.rank <= rank || h.rank >= size)
+          why = "unexpected rank " + std::to_string(h.rank);
+        else if (h.channel < 0 || h.channel >= channels)
+          why = "bad channel";
+        else if (slot(h.rank, h.channel))
+          why = "duplicate connection";
         if (!why.empty()) {
           drop = true;
         } else {
@@ -174,14 +191,16 @@ void TcpTransport::connect_mesh(const core::Config& config, Store& store,
             drop = true, why = "could not answer its hello";
           } else {
             tune_data_socket(p.fd.get(), opts_.socket_buffer);
-            slot(h.rank, h.channel) = std::make_unique<TcpLink>(this, h.rank, h.channel, std::move(p.fd));
+            slot(h.rank, h.channel) =
+                std::make_unique<TcpLink>(this, h.rank, h.channel, std::move(p.fd));
             --expected;
             pending.erase(pending.begin() + static_cast<long>(i));
             continue;
           }
         }
       }
-      if (!drop && core::Clock::now() - p.since > kHelloGrace) drop = true, why = "sent no hello in time";
+      if (!drop && core::Clock::now() - p.since > kHelloGrace)
+        drop = true, why = "sent no hello in time";
       if (drop) {
         RR_LOG(warn, rank, "dropped a data connection during start-up: ", why);
         pending.erase(pending.begin() + static_cast<long>(i));
@@ -200,7 +219,8 @@ void TcpTransport::connect_mesh(const core::Config& config, Store& store,
       throw PeerError("rank " + std::to_string(o.peer) + " did not answer our hello: " +
                           (errno == ETIMEDOUT ? "timed out" : strerror(errno)),
                       o.peer);
-    if (h.magic != kHelloMagic || h.comm_id != opts_.comm_id || h.rank != o.peer || h.channel != o.channel)
+    if (h.magic != kHelloMagic || h.comm_id != opts_.comm_id || h.rank != o.peer ||
+        h.channel != o.channel)
       throw PeerError("rank " + std::to_string(o.peer) + " answered with a wrong hello", o.peer);
     tune_data_socket(o.fd.get(), opts_.socket_buffer);
     slot(o.peer, o.channel) = std::make_unique<TcpLink>(this, o.peer, o.channel, std::move(o.fd));
