@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/fd.h"
 #include "rendezvous/tcp_store.h"
 
 extern char** environ;
@@ -84,42 +85,14 @@ const char kUsage[] =
     "if it was killed); 124 on timeout; 128+signal if ringrun was interrupted; 2 on bad\n"
     "usage; 126/127 if the program cannot be executed / is not found.\n";
 
-// Owns one file descriptor.
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  ~UniqueFd() { reset(); }
-  UniqueFd(UniqueFd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  UniqueFd& operator=(UniqueFd&& o) noexcept {
-    if (this != &o) {
-      reset();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  void reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
-
 // A pipe whose ends are close-on-exec: a rank must hold no end but its own, or another rank's
 // stdout would never reach EOF.
-void make_pipe(UniqueFd* read_end, UniqueFd* write_end) {
+void make_pipe(ringreduce::core::Fd* read_end, ringreduce::core::Fd* write_end) {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0)
     throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
-  *read_end = UniqueFd(fds[0]);
-  *write_end = UniqueFd(fds[1]);
+  *read_end = ringreduce::core::Fd(fds[0]);
+  *write_end = ringreduce::core::Fd(fds[1]);
 }
 
 // ringrun's own stdout or stderr. Writes block until done: the consumer's pace is the job's pace.
@@ -177,7 +150,7 @@ std::string signal_name(int sig) {
 
 // One of a rank's two output streams: the pipe's read end and the partial line not yet emitted.
 struct Stream {
-  UniqueFd fd;
+  ringreduce::core::Fd fd;
   std::string pending;
   Sink* sink = nullptr;
 };
@@ -440,7 +413,7 @@ class Launcher {
 
   // Forks every rank. Returns 0, or the exit status if a rank could not be started.
   int start() {
-    UniqueFd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    ringreduce::core::Fd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
     if (!devnull.valid())
       throw std::runtime_error(std::string("/dev/null: ") + std::strerror(errno));
 
@@ -465,7 +438,7 @@ class Launcher {
       for (auto& e : env) envp.push_back(e.data());
       envp.push_back(nullptr);
 
-      UniqueFd out_w, err_w, status_r, status_w;
+      ringreduce::core::Fd out_w, err_w, status_r, status_w;
       make_pipe(&r.out.fd, &out_w);
       make_pipe(&r.err.fd, &err_w);
       make_pipe(&status_r, &status_w);
@@ -775,7 +748,7 @@ int run(int argc, char** argv) {
   sigaddset(&handled, SIGTERM);
   sigaddset(&handled, SIGCHLD);
   ::pthread_sigmask(SIG_BLOCK, &handled, &plan.mask);
-  UniqueFd signal_fd(::signalfd(-1, &handled, SFD_NONBLOCK | SFD_CLOEXEC));
+  ringreduce::core::Fd signal_fd(::signalfd(-1, &handled, SFD_NONBLOCK | SFD_CLOEXEC));
   if (!signal_fd.valid()) {
     say(std::string("signalfd: ") + std::strerror(errno));
     return 1;

@@ -41,9 +41,4 @@ void set_nonblocking(int fd);
 // that a whole pipeline of segments fits in flight (0 leaves the kernel's autotuning alone).
 void tune_data_socket(int fd, int buffer_bytes);
 
-// Writes/reads exactly n bytes on a (possibly non-blocking) socket, bounded by the deadline.
-// Return false on EOF or error (errno set), throw nothing: the caller names the peer.
-bool write_full(int fd, const void* buf, size_t n, const core::Deadline& deadline);
-bool read_full(int fd, void* buf, size_t n, const core::Deadline& deadline);
-
 }  // namespace ringreduce::transport::tcp

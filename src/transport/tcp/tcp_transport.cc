@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "core/log.h"
+#include "rendezvous/socket_util.h"
 #include "ringreduce/error.h"
 
 namespace ringreduce::transport::tcp {
@@ -124,7 +125,7 @@ void TcpTransport::connect_mesh(const core::Config& config, Store& store,
     for (int ch = 0; ch < channels; ++ch) {
       core::Fd fd = connect_to(peers[static_cast<size_t>(q)], deadline);
       Hello h = make_hello(ch);
-      if (!write_full(fd.get(), &h, sizeof h, deadline))
+      if (rendezvous::send_exact(fd.get(), &h, sizeof h, deadline) != rendezvous::IoResult::ok)
         throw PeerError("could not send hello to rank " + std::to_string(q) + " at " +
                             peers[static_cast<size_t>(q)].str() + ": " + strerror(errno),
                         q);
@@ -187,7 +188,8 @@ void TcpTransport::connect_mesh(const core::Config& config, Store& store,
           drop = true;
         } else {
           Hello mine = make_hello(h.channel);
-          if (!write_full(p.fd.get(), &mine, sizeof mine, deadline)) {
+          if (rendezvous::send_exact(p.fd.get(), &mine, sizeof mine, deadline) !=
+              rendezvous::IoResult::ok) {
             drop = true, why = "could not answer its hello";
           } else {
             tune_data_socket(p.fd.get(), opts_.socket_buffer);
@@ -215,9 +217,10 @@ void TcpTransport::connect_mesh(const core::Config& config, Store& store,
   // Phase 3: every lower rank has answered by now or will shortly (it is in phase 2).
   for (auto& o : outgoing) {
     Hello h;
-    if (!read_full(o.fd.get(), &h, sizeof h, deadline))
+    if (auto io = rendezvous::recv_exact(o.fd.get(), &h, sizeof h, deadline);
+        io != rendezvous::IoResult::ok)
       throw PeerError("rank " + std::to_string(o.peer) + " did not answer our hello: " +
-                          (errno == ETIMEDOUT ? "timed out" : strerror(errno)),
+                          (io == rendezvous::IoResult::timeout ? "timed out" : "connection closed"),
                       o.peer);
     if (h.magic != kHelloMagic || h.comm_id != opts_.comm_id || h.rank != o.peer ||
         h.channel != o.channel)
