@@ -49,6 +49,7 @@ def parse_rows(text):
     """{size: (time_us, busbw, wrong)} from nccl-tests style output (out-of-place group)."""
     rows = {}
     for line in text.splitlines():
+        line = re.sub(r"^\[\d+\]\s", "", line)  # ringrun's "[rank] " prefix
         line = line.split("#", 1)[0].strip()
         if not line:
             continue

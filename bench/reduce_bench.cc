@@ -14,7 +14,9 @@
 //       copy: it moves 1.5 x the bytes per element.
 //
 // Variants:
-//   Memcpy              glibc memcpy (streaming stores above its own threshold, 240 MiB here).
+//   Memcpy              glibc memcpy, which switches to streaming stores above its own
+//                       threshold (240 MiB on the machine this was written on; see
+//                       `ld.so --list-diagnostics`, x86.cpu_features.non_temporal_threshold).
 //   SumOutOfPlace       reduce::combine(dst, a, b): the public entry, which switches to
 //                       streaming stores at internal::stream_threshold_bytes().
 //   SumOutOfPlaceCached the ordinary-store kernel at every size.

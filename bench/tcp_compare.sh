@@ -16,8 +16,12 @@
 #                             [-x "EXTRA PEER FLAGS"] [-j JOBS] [--no-install] [--no-build]
 #   -x passes flags to the three peer programs only (e.g. -x "-T 0.5 -M 20000").
 #   Environment: MPIRUN_EXTRA adds mpirun flags (e.g. "--mca mpi_yield_when_idle 1").
+#   Placement: every library pins rank r to core r mod ncores (ringrun's default, mpirun's
+#   --bind-to core, PEER_BIND=core for the Gloo and torch launchers); PEER_BIND=none and
+#   MPI_BIND=none turn that off for the peers (and pass --bind none to ringrun yourself).
 # Every process started here is bounded by `timeout` and killed on exit. Loopback traffic only.
 set -euo pipefail
+export PEER_BIND=${PEER_BIND:-core}
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -168,7 +172,7 @@ cat "$OUT/setup.txt" >&2
 
 # ---- 4. runs ----
 # shellcheck disable=SC2054,SC2206  # tcp,self is one argument; MPIRUN_EXTRA is split on purpose
-MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to "${MPI_BIND:-core:overload-allowed}"
         --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo
         --mca oob_tcp_if_include lo --mca coll ^sm ${MPIRUN_EXTRA:-})
 SIZES=(-b "$MIN" -e "$MAX" -f "$FACTOR")

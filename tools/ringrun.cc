@@ -1,6 +1,6 @@
 // ringrun: the local launcher.
 //
-//   ringrun -n N [--timeout SECONDS] [--] program [args...]
+//   ringrun -n N [--timeout SECONDS] [--bind core|none] [--] program [args...]
 //
 // Starts N processes of program on this host, each told its place by RINGREDUCE_RANK,
 // RINGREDUCE_WORLD_SIZE, RINGREDUCE_LOCAL_RANK, RINGREDUCE_LOCAL_SIZE and RINGREDUCE_ADDR, and
@@ -22,6 +22,7 @@
 //    vanish, and a limit on draining output that descendants keep open after the ranks exited.
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -70,7 +71,7 @@ constexpr size_t kReadChunk = 64 * 1024;
 constexpr size_t kMaxLine = 64 * 1024;
 
 const char kUsage[] =
-    "usage: ringrun -n N [--timeout SECONDS] [--] program [args...]\n"
+    "usage: ringrun -n N [--timeout SECONDS] [--bind core|none] [--] program [args...]\n"
     "\n"
     "Starts N local ranks of program and hosts their rendezvous store on 127.0.0.1.\n"
     "Each rank gets RINGREDUCE_RANK, RINGREDUCE_WORLD_SIZE, RINGREDUCE_LOCAL_RANK,\n"
@@ -79,6 +80,7 @@ const char kUsage[] =
     "\n"
     "  -n N                number of ranks, 1..1024\n"
     "  --timeout SECONDS   kill the job if it is still running after SECONDS\n"
+    "  --bind core|none    pin rank i to the i-th usable core, round robin (default core)\n"
     "  -h, --help          print this text\n"
     "\n"
     "Exit status: 0 if every rank exited 0; else the first failing rank's code (128+signal\n"
@@ -198,6 +200,10 @@ Pump pump(Stream& s, const std::string& prefix) {
 
 struct Args {
   int n = 0;
+  // Pinning ranks to cores, as mpirun does by default: unpinned, the scheduler's wake-affine
+  // placement often stacks two communicating ranks on one core (a socket wake-up pulls the woken
+  // rank next to its waker) while the other core idles, and they then take turns on it.
+  bool bind = true;
   std::optional<double> timeout_s;
   std::string timeout_text;
   std::vector<std::string> command;
@@ -245,6 +251,17 @@ std::optional<Args> parse_args(int argc, char** argv, int* status) {
       g_out.write(kUsage);
       *status = 0;
       return std::nullopt;
+    } else if (arg == "--bind" || arg.rfind("--bind=", 0) == 0) {
+      std::string v;
+      if (arg == "--bind") {
+        if (i + 1 >= argc) return fail("--bind needs a value");
+        v = argv[++i];
+      } else {
+        v = arg.substr(7);
+      }
+      if (v != "core" && v != "none") return fail("--bind must be core or none, not '" + v + "'");
+      a.bind = v == "core";
+      continue;
     } else if (arg.rfind("--timeout=", 0) == 0) {
       name = "--timeout";
       value = arg.substr(10);
@@ -347,6 +364,16 @@ std::vector<std::string> inherited_environment() {
   return out;
 }
 
+// The cores ringrun may run on (its own affinity mask), in order.
+std::vector<int> usable_cores() {
+  cpu_set_t set;
+  std::vector<int> out;
+  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return out;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) out.push_back(c);
+  return out;
+}
+
 // What a freshly forked child needs, prepared before fork: between fork and exec the child of a
 // multi-threaded process (the store serves from a thread) may only make async-signal-safe calls.
 struct ExecPlan {
@@ -357,6 +384,8 @@ struct ExecPlan {
   struct sigaction sigpipe;  // original dispositions ringrun changed
   struct sigaction sigchld;
   rlimit nofile;  // original RLIMIT_NOFILE, which ringrun may have raised
+  bool bind;
+  cpu_set_t cpus;  // this rank's core when bind is set
   int stdin_fd, stdout_fd, stderr_fd, error_fd;
 };
 
@@ -376,6 +405,7 @@ struct ExecPlan {
     ::sigaction(SIGPIPE, &p.sigpipe, nullptr);
     ::sigaction(SIGCHLD, &p.sigchld, nullptr);
     ::setrlimit(RLIMIT_NOFILE, &p.nofile);
+    if (p.bind) ::sched_setaffinity(0, sizeof(p.cpus), &p.cpus);  // best effort
     // Descriptors ringrun did not open close-on-exec (the store's, or inherited ones) must not
     // leak into the ranks; the error pipe stays usable until execve succeeds. Old kernels lack
     // close_range; then O_CLOEXEC on our own descriptors is what we rely on.
@@ -446,6 +476,11 @@ class Launcher {
       ::fcntl(r.err.fd.get(), F_SETFL, O_NONBLOCK);
 
       ExecPlan plan = plan_;
+      plan.bind = args_.bind && !cores_.empty();
+      if (plan.bind) {
+        CPU_ZERO(&plan.cpus);
+        CPU_SET(cores_[static_cast<size_t>(r.index) % cores_.size()], &plan.cpus);
+      }
       plan.path = path_.c_str();
       plan.argv = argv.data();
       plan.stdin_fd = devnull.get();
@@ -703,6 +738,7 @@ class Launcher {
   int port_;
   int signal_fd_;
   ExecPlan plan_;
+  std::vector<int> cores_ = usable_cores();
   std::vector<Rank> ranks_;
   std::vector<std::string> prefixes_;
 

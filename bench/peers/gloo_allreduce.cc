@@ -14,6 +14,7 @@
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -111,6 +112,21 @@ int guarded(int rank, int size, const peers::Options& o) {
 
 }  // namespace
 
+// Pins the calling process to the r-th core of its affinity mask when PEER_BIND=core.
+void bind_to_core(int r) {
+  const char* b = std::getenv("PEER_BIND");
+  if (b == nullptr || std::string(b) != "core") return;
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return;
+  std::vector<int> cores;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) cores.push_back(c);
+  if (cores.empty()) return;
+  CPU_ZERO(&set);
+  CPU_SET(cores[static_cast<std::size_t>(r) % cores.size()], &set);
+  sched_setaffinity(0, sizeof(set), &set);
+}
+
 int main(int argc, char** argv) {
   peers::Options o;
   o.max_bytes = std::size_t{32} << 20;
@@ -140,6 +156,8 @@ int main(int argc, char** argv) {
   }
   std::fflush(stdout);
   std::vector<pid_t> kids;
+  // PEER_BIND=core pins rank r to the r-th usable core, as ringrun and mpirun do by default, so
+  // that every library in a comparison runs with the same placement.
   for (int r = 0; r < o.nranks; ++r) {
     pid_t pid = fork();
     if (pid < 0) {
@@ -148,6 +166,7 @@ int main(int argc, char** argv) {
     }
     if (pid == 0) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the launcher
+      bind_to_core(r);
       int code = guarded(r, o.nranks, o) == 0 ? 0 : 1;
       std::fflush(stdout);
       std::fflush(stderr);

@@ -110,6 +110,10 @@ def worker(a):
     import torch.distributed as dist
 
     torch.set_num_threads(a.threads)
+    if os.environ.get("PEER_BIND") == "core":
+        # Same placement as ringrun and mpirun: rank r on the r-th usable core.
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[int(os.environ["RANK"]) % len(cores)]})
     rank = int(os.environ["RANK"])
     n = int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=n,
