@@ -5,7 +5,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${BUILD:-$ROOT/build}
 
 # Debian packages the build and the tests need. Only the missing ones are installed.
-RR_PACKAGES=(cmake ninja-build g++ pkg-config libgtest-dev libgmock-dev libbenchmark-dev
+RR_PACKAGES=(cmake ninja-build g++ pkg-config python3 libgtest-dev libgmock-dev libbenchmark-dev
              openmpi-bin libopenmpi-dev iproute2 procps)
 
 install_missing() {
