@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "algorithms/algorithm.h"
-#include "algorithms/ring_schedule.h"
+#include "algorithms/ring_phases.h"
 
 namespace ringreduce::algorithms {
 
@@ -25,20 +25,11 @@ void ring_allgather(Context& ctx, const Args& a) {
     transport::Link& right = ctx.link(ctx.right(), ch);
     transport::Link& left = ctx.link(ctx.left(), ch);
     auto segments = [&](int chunk, auto&& fn) {
-      for_each_segment(static_cast<size_t>(chunk) * block + part.offset, part.count, elem,
-                       ctx.segment_bytes,
-                       [&](size_t off, size_t cnt) { fn(off * elem, cnt * elem); });
+      for_each_block_segment(ctx, block, part, chunk, elem, fn);
     };
     segments(allgather_step(r, n, 0, kShift).send_chunk,
              [&](size_t off, size_t bytes) { right.send(out + off, bytes, &done); });
-    for (int t = 0; t < n - 1; ++t) {
-      segments(allgather_step(r, n, t, kShift).recv_chunk, [&](size_t off, size_t bytes) {
-        if (t < n - 2)
-          left.recv_copy_send(out + off, bytes, right, &done);
-        else
-          left.recv(out + off, bytes, &done);
-      });
-    }
+    post_ring_allgather_receives(left, right, r, n, kShift, out, segments, &done);
   }
   ctx.wait(done);
 }

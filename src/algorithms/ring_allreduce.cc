@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "algorithms/algorithm.h"
-#include "algorithms/ring_schedule.h"
+#include "algorithms/ring_phases.h"
 
 namespace ringreduce::algorithms {
 
@@ -49,16 +49,8 @@ void ring_allreduce(Context& ctx, const Args& a) {
         left.recv_reduce_send(out + off, in + off, bytes, red, right, &done);
       });
     }
-    // Allgather: receive finished chunks; forward each except the last one, which has then
-    // visited every rank.
-    for (int t = 0; t < n - 1; ++t) {
-      segments(allgather_step(r, n, t).recv_chunk, [&](size_t off, size_t bytes) {
-        if (t < n - 2)
-          left.recv_copy_send(out + off, bytes, right, &done);
-        else
-          left.recv(out + off, bytes, &done);
-      });
-    }
+    // Allgather: receive finished chunks and pass them on.
+    post_ring_allgather_receives(left, right, r, n, 0, out, segments, &done);
   }
   ctx.wait(done);
 }

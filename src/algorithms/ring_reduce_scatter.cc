@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "algorithms/algorithm.h"
-#include "algorithms/ring_schedule.h"
+#include "algorithms/ring_phases.h"
 
 namespace ringreduce::algorithms {
 
@@ -31,9 +31,7 @@ void ring_reduce_scatter(Context& ctx, const Args& a) {
     transport::Link& right = ctx.link(ctx.right(), ch);
     transport::Link& left = ctx.link(ctx.left(), ch);
     auto segments = [&](int chunk, auto&& fn) {
-      for_each_segment(static_cast<size_t>(chunk) * block + part.offset, part.count, elem,
-                       ctx.segment_bytes,
-                       [&](size_t off, size_t cnt) { fn(off * elem, cnt * elem); });
+      for_each_block_segment(ctx, block, part, chunk, elem, fn);
     };
     segments(reduce_scatter_step(r, n, 0, kShift).send_chunk,
              [&](size_t off, size_t bytes) { right.send(in + off, bytes, &done); });
