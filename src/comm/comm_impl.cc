@@ -320,7 +320,12 @@ void CommImpl::run(OpState& op) {
                               op.plan.segment_bytes,
                               op.plan.channels,
                               [this](size_t bytes) { return scratch(bytes); }};
+      const auto started = core::Clock::now();
+      RR_LOG(trace, rank_, op.description, ": ", op.plan.algorithm->name, ", segments of ",
+             op.plan.segment_bytes, " B, ", op.plan.channels, " channel(s)");
       op.plan.algorithm->run(ctx, op.args);
+      RR_LOG(trace, rank_, op.description, ": done in ",
+             static_cast<int64_t>(core::seconds_since(started) * 1e6), " us");
     } catch (const Error& e) {
       std::string suffix;
       if (e.code() == ErrorCode::timeout) {
