@@ -153,21 +153,28 @@ CommImpl::CommImpl(const Options& options) : config_(overrides_from(options)) {
 
 CommImpl::~CommImpl() {
   {
-    std::unique_lock<std::mutex> lk(mu_);
+    std::lock_guard<std::mutex> lk(mu_);
     stop_ = true;
-    // Ops nobody will run any more fail; a running one is interrupted.
-    auto err = std::make_exception_ptr(
-        Error("rank " + std::to_string(rank_) + ": communicator destroyed", ErrorCode::aborted));
-    for (auto& op : queue_) {
-      if (driving_ && op == queue_.front()) continue;
-      op->error = err;
-      op->finished.store(true);
-    }
+    // A running op is interrupted; the progress thread then leaves without starting another.
     if (driving_) transport_->interrupt("communicator destroyed");
-    done_cv_.notify_all();
     progress_cv_.notify_all();
   }
   if (progress_thread_.joinable()) progress_thread_.join();
+  // Ops nobody will run any more fail, so that their Work returns instead of waiting forever.
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!queue_.empty()) {
+    const std::string msg = "rank " + std::to_string(rank_) + ": communicator destroyed with " +
+                            std::to_string(queue_.size()) + " op(s) pending";
+    auto err = std::make_exception_ptr(Error(msg, ErrorCode::aborted));
+    for (auto& op : queue_) {
+      op->error = err;
+      op->finished.store(true);
+    }
+    queue_.clear();
+    // The peers are waiting for those ops: tell them why they will not happen.
+    if (!driving_) transport_->abort(static_cast<int>(ErrorCode::aborted), msg);
+    done_cv_.notify_all();
+  }
 }
 
 std::string CommImpl::describe(const transport::OpTag& t) const {
@@ -202,6 +209,11 @@ void CommImpl::validate(const algorithms::Args& a, const std::string& d) const {
   }
   if (a.kind == Collective::alltoall && size_ > 1 && a.count > 0 && a.send == a.recv)
     bad("alltoall cannot run in place (send and receive buffers are the same)");
+  // In place means recv = send + rank * count (NCCL's convention); recv == send would overwrite
+  // block 0 while it may still be on its way to the next rank.
+  if (a.kind == Collective::reduce_scatter && size_ > 1 && a.count > 0 && a.send == a.recv &&
+      rank_ != 0)
+    bad("reduce_scatter in place needs recv = send + rank * recv_count, not recv = send");
 }
 
 std::shared_ptr<OpState> CommImpl::submit(const algorithms::Args& args, const CallOptions& call,
@@ -307,8 +319,18 @@ void CommImpl::drive(OpState* target) {
 void CommImpl::run(OpState& op) {
   std::exception_ptr error;
   if (aborted_.load()) {
-    std::lock_guard<std::mutex> lk(mu_);
-    error = abort_error_;
+    std::string what;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      error = abort_error_;
+    }
+    // abort() from another thread only interrupts a driver inside the transport; one that was
+    // between ops arrives here, and the transport must still fail and tell the peers.
+    try {
+      std::rethrow_exception(error);
+    } catch (const Error& e) {
+      transport_->abort(static_cast<int>(e.code()), e.what());
+    }
   } else {
     const std::string prefix = "rank " + std::to_string(rank_) + ": " + op.description + ": ";
     try {

@@ -12,6 +12,11 @@ using algorithms::Collective;
 
 void Work::wait() {
   if (!state_) throw InvalidArgument("wait() on an empty Work");
+  // A finished op needs nothing from its communicator, which may be gone by now.
+  if (state_->finished.load()) {
+    if (state_->error) std::rethrow_exception(state_->error);
+    return;
+  }
   state_->comm->wait(*state_, std::nullopt);
 }
 

@@ -181,6 +181,62 @@ TEST(Comm, AbortFromAnotherThreadFailsPendingAndLaterOpsQuickly) {
   });
 }
 
+TEST(Comm, DeadPeerNeverStretchesAWaitPastItsDeadline) {
+  // Rank 1 leaves. Rank 0 sends to it (broadcast from 0), which draws a reset, then waits on
+  // rank 2, which stays silent for 3 s: every call of rank 0 must end by its 1 s deadline, not
+  // spin on the dead link's events.
+  run_ranks(
+      3,
+      [](Communicator& comm) {
+        comm.barrier();
+        if (comm.rank() == 1) return;
+        if (comm.rank() == 2) {
+          std::this_thread::sleep_for(3000ms);
+          return;
+        }
+        std::vector<float> buf(1000, 1.0f), out(1000);
+        std::this_thread::sleep_for(200ms);  // let rank 1's close arrive
+        try {
+          // Fails if the close has been seen; otherwise the kernel takes the data and the reset
+          // comes back afterwards.
+          comm.broadcast(buf.data(), buf.size(), DataType::f32, 0);
+        } catch (const ringreduce::PeerError&) {
+          return;  // the communicator is aborted now; nothing further to test
+        }
+        std::this_thread::sleep_for(100ms);  // let the reset arrive
+        auto start = Clock::now();
+        EXPECT_THROW(comm.reduce(buf.data(), out.data(), buf.size(), DataType::f32, ReduceOp::sum,
+                                 0, {.timeout = 1000ms}),
+                     ringreduce::Error);
+        EXPECT_LT(seconds_since(start), 1.5);
+      },
+      {}, 30s);
+}
+
+TEST(Comm, WorkOutlivesItsCommunicator) {
+  // Async ops still queued when the communicator is destroyed fail with a clear error; waiting
+  // on their Work afterwards neither hangs nor touches the destroyed communicator.
+  std::vector<ringreduce::Work> works(2);
+  std::vector<std::vector<float>> bufs(2, std::vector<float>(1024, 1.0f));
+  run_ranks(
+      2,
+      [&](Communicator& comm) {
+        comm.barrier();
+        if (comm.rank() == 1) {
+          std::this_thread::sleep_for(300ms);  // never joins the allreduce
+          return;
+        }
+        works[0] = comm.allreduce_async(std::span<float>(bufs[0]), ReduceOp::sum);
+        works[1] = comm.allreduce_async(std::span<float>(bufs[1]), ReduceOp::sum);
+      },
+      {}, 30s);
+  auto start = Clock::now();
+  EXPECT_THROW(works[0].wait(), ringreduce::Error);
+  EXPECT_THROW(works[1].wait(), ringreduce::Error);
+  EXPECT_THROW(works[1].wait(10ms), ringreduce::Error);
+  EXPECT_LT(seconds_since(start), 1.0);
+}
+
 TEST(Comm, BadArgumentsNameRankAndCallAndDoNotAbort) {
   run_ranks(2, [](Communicator& comm) {
     std::vector<float> buf(16);

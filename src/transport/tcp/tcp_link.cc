@@ -31,6 +31,8 @@ TcpLink::TcpLink(TcpTransport* owner, int peer, int channel, core::Fd fd)
     : owner_(owner), peer_(peer), channel_(channel), fd_(std::move(fd)) {}
 
 void TcpLink::peer_failed(const std::string& what, int err) {
+  // The peer said why it went away: that is the error, not the symptom.
+  if (notice_) std::rethrow_exception(notice_);
   std::string msg = "peer rank " + std::to_string(peer_) + " " + what;
   if (err != 0) msg += std::string(" (") + strerror(err) + ")";
   throw PeerError(msg, peer_);
@@ -68,6 +70,9 @@ void TcpLink::enqueue_send(const void* src, size_t bytes, Completion* c) {
 
 void TcpLink::send(const void* src, size_t bytes, Completion* c) {
   if (failed_) throw Error("send on a failed link to rank " + std::to_string(peer_));
+  // The peer is gone: its data would be dropped by the kernel (the first write to a closed
+  // socket still "succeeds"), so fail now rather than report a send-only op as done.
+  if (closed_by_peer_) peer_failed("closed the connection", closed_errno_);
   enqueue_send(src, bytes, c);
 }
 
@@ -207,8 +212,18 @@ void TcpLink::drain_inbox() {
       std::memcpy(&code, inbox_.get() + inbox_begin_, 4);
       std::string reason(inbox_.get() + inbox_begin_ + 4, in_header_.payload_bytes - 4);
       std::string msg = "rank " + std::to_string(peer_) + " aborted: " + reason;
-      if (code == static_cast<int>(ErrorCode::mismatch)) throw MismatchError(msg);
-      throw PeerError(msg, peer_);
+      notice_ = code == static_cast<int>(ErrorCode::mismatch)
+                    ? std::make_exception_ptr(MismatchError(msg))
+                    : std::make_exception_ptr(PeerError(msg, peer_));
+      // Nothing follows a notice: the link is done. The notice fails whatever needs this link
+      // now or later, and the transport's wait fails fast on it unless its op already finished
+      // (a notice read in the same recv() as an op's last bytes must not fail that op).
+      inbox_begin_ = inbox_end_ = 0;
+      in_header_ready_ = false;
+      closed_by_peer_ = true;
+      owner_->note_notice();
+      if (!recvs_.empty() || !sends_.empty()) std::rethrow_exception(notice_);
+      return;
     }
     if (recvs_.empty()) return;
     RecvOp& op = recvs_.front();
@@ -313,7 +328,7 @@ void TcpLink::read_pending_notice() {
     if (r <= 0) break;
     inbox_end_ += static_cast<size_t>(r);
   }
-  drain_inbox();  // throws the notice if it is at the head of what arrived
+  drain_inbox();  // finds the notice if it is at the head of what arrived
 }
 
 void TcpLink::peer_closed(int err) {
@@ -322,7 +337,7 @@ void TcpLink::peer_closed(int err) {
   closed_by_peer_ = true;
   closed_errno_ = err;
   drain_inbox();
-  if (!recvs_.empty()) peer_failed("closed the connection", err);
+  if (!recvs_.empty() || !sends_.empty()) peer_failed("closed the connection", err);
 }
 
 // ---------------------------------------------------------------------------------------------

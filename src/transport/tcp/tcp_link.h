@@ -5,6 +5,7 @@
 #include <sys/uio.h>
 
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <string>
@@ -38,10 +39,16 @@ class TcpLink final : public Link {
   void on_writable();
 
   bool has_pending_recv() const { return !recvs_.empty(); }
+  // The peer's abort notice, once read (null before).
+  const std::exception_ptr& notice() const { return notice_; }
   bool has_pending_send() const { return !sends_.empty(); }
   // Events this link wants from epoll now (EPOLLIN and/or EPOLLOUT).
   uint32_t wanted_events() const;
   uint32_t registered_events = 0;  // what epoll currently has; maintained by the transport
+  bool registered = false;         // whether the fd is in the epoll set at all
+  // A link whose peer closed, or that failed, is done for good: epoll would report EPOLLHUP on it
+  // forever, whatever the interest, so the transport takes it out of the set.
+  bool finished() const { return failed_ || closed_by_peer_; }
 
   // Drops every queued primitive, then, if the byte stream is at a frame boundary, queues an
   // abort frame with the reason and tries once to write it; finally shuts down the write side.
@@ -82,6 +89,7 @@ class TcpLink final : public Link {
   core::Fd fd_;
   bool failed_ = false;
   bool closed_by_peer_ = false;
+  std::exception_ptr notice_;
   int closed_errno_ = 0;
 
   std::deque<SendOp> sends_;

@@ -238,11 +238,18 @@ void TcpTransport::connect_mesh(const core::Config& config, Store& store,
     if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, l->fd(), &ev) != 0)
       throw Error(std::string("epoll_ctl failed: ") + strerror(errno));
     l->registered_events = EPOLLIN;
+    l->registered = true;
   }
   RR_LOG(info, rank, "connected to ", size - 1, " peers on ", channels, " channel(s)");
 }
 
 void TcpTransport::update_interest(TcpLink& link) {
+  if (!link.registered) return;
+  if (link.finished()) {
+    epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, link.fd(), nullptr);
+    link.registered = false;
+    return;
+  }
   uint32_t want = link.wanted_events();
   if (want == link.registered_events) return;
   epoll_event ev{};
@@ -281,13 +288,16 @@ void TcpTransport::wait(Completion& c, const core::Deadline& deadline) {
       if (events[i].events & (EPOLLOUT | EPOLLERR)) link->on_writable();
       update_interest(*link);
     }
-    if (n == 0) {
-      if (spinning) {
-        if (opts_.yield_while_spinning) sched_yield();
-      } else if (deadline.expired()) {
-        throw_timeout(deadline);
-      }
+    if (notices_ && !c.done()) {
+      // A peer is failing the job: fail this op now with its reason rather than at the
+      // deadline, even if this op does not wait on that peer.
+      for (const auto& l : links_)
+        if (l && l->notice()) std::rethrow_exception(l->notice());
     }
+    if (n == 0 && spinning && opts_.yield_while_spinning) sched_yield();
+    // Checked on every pass, not only when epoll_wait times out: a link that keeps reporting
+    // events without progress must not extend the wait past its deadline.
+    if (!c.done() && deadline.expired()) throw_timeout(deadline);
   }
 }
 
@@ -305,8 +315,11 @@ void TcpTransport::throw_timeout(const core::Deadline&) {
 void TcpTransport::abort(int code, const std::string& reason) {
   if (aborted_) return;
   aborted_ = true;
-  for (auto& l : links_)
-    if (l) l->fail(code, reason);
+  for (auto& l : links_) {
+    if (!l) continue;
+    l->fail(code, reason);
+    update_interest(*l);
+  }
 }
 
 void TcpTransport::interrupt(const std::string& reason) {

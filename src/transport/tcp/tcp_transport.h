@@ -53,6 +53,8 @@ class TcpTransport final : public Transport {
   void set_describer(std::function<std::string(const OpTag&)> f) { describe_ = std::move(f); }
   std::string describe(const OpTag& t) const { return describe_ ? describe_(t) : "an op"; }
   const OpTag& tag() const { return tag_; }
+  // Called by a link that has read its peer's abort notice.
+  void note_notice() { notices_ = true; }
   // Called by links when the events they want change.
   void update_interest(TcpLink& link);
   const SockAddr& listen_address() const { return listen_addr_; }
@@ -73,6 +75,7 @@ class TcpTransport final : public Transport {
   std::mutex interrupt_mu_;
   std::string interrupt_reason_;
   bool aborted_ = false;
+  bool notices_ = false;  // some link holds a peer's abort notice
 };
 
 }  // namespace ringreduce::transport::tcp
