@@ -15,6 +15,7 @@ namespace {
 // (docs/PERFORMANCE.md): rd wins up to 512 KiB (N=4: 421 us against the ring's 582 us), the ring
 // from 1 MiB (1.1 ms against 1.5 ms).
 constexpr size_t kRecursiveDoublingMaxBytes = 512 << 10;
+constexpr size_t kSegmentBytes = 512 << 10;
 
 const Collective kAllCollectives[] = {
     Collective::allreduce, Collective::reduce_scatter, Collective::allgather, Collective::broadcast,
@@ -73,19 +74,26 @@ Plan Tuner::choose(const algorithms::Args& args) const {
         break;
       }
   }
-  // Bytes each rank moves per ring step, the unit the pipeline cuts into segments.
+  // Bytes each rank moves per ring step.
   const size_t elem = dtype_size(args.dtype);
   size_t per_step = args.count * elem;
   if (args.kind == Collective::allreduce) per_step /= static_cast<size_t>(size_);
   // Channels only pay when there is enough data for every ring to stream.
   plan.channels = per_step >= (size_t{4} << 20) ? channels_ : 1;
-  if (forced_segment_ > 0) {
+  // 512 KiB segments; a step smaller than that is one segment. On loopback TCP every segment
+  // costs a frame, a wake-up and a syscall or two, and cutting 1-8 MiB allreduces into quarter
+  // steps (64-256 KiB) lost 10-45% against whole 512 KiB segments (docs/PERFORMANCE.md); above,
+  // 512 KiB pipelines as well as 2 MiB.
+  // The chains (broadcast, reduce) were not measured that way: their latency grows with the
+  // segment, so they keep a quarter of the buffer, clamped to 64-512 KiB.
+  const bool ring = args.kind == Collective::allreduce || args.kind == Collective::reduce_scatter ||
+                    args.kind == Collective::allgather;
+  if (forced_segment_ > 0)
     plan.segment_bytes = forced_segment_;
-  } else {
-    // A few segments per step overlap receiving, reducing and forwarding; segments beyond
-    // ~512 KiB buy nothing but latency. Measured on loopback TCP (docs/PERFORMANCE.md).
-    plan.segment_bytes = std::clamp<size_t>(per_step / 4, 64 << 10, 512 << 10);
-  }
+  else if (ring)
+    plan.segment_bytes = kSegmentBytes;
+  else
+    plan.segment_bytes = std::clamp<size_t>(per_step / 4, 64 << 10, kSegmentBytes);
   return plan;
 }
 
