@@ -24,7 +24,7 @@ struct TcpOptions {
   int size = 1;
   int channels = 1;
   uint64_t comm_id = 0;
-  int socket_buffer = 4 << 20;
+  int socket_buffer = 0;  // 0: the kernel autotunes the buffers
   // Poll this long before sleeping in epoll_wait: a sleeping thread costs tens of µs to wake.
   int spin_us = 50;
   // Yield the core while polling: ranks outnumber cores.
