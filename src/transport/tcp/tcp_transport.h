@@ -57,7 +57,6 @@ class TcpTransport final : public Transport {
   void note_notice() { notices_ = true; }
   // Called by links when the events they want change.
   void update_interest(TcpLink& link);
-  const SockAddr& listen_address() const { return listen_addr_; }
 
  private:
   void connect_mesh(const core::Config& config, Store& store, const core::Deadline& deadline);
