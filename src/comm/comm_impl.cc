@@ -17,6 +17,11 @@ namespace {
 
 using algorithms::Collective;
 
+// How long a rank that lost a peer listens for another peer's deeper cause before it reports the
+// lost peer. The cause was sent before the lost peer even reacted to it, so it is normally there
+// already; this only bounds the wait when there is none (a rank that really died).
+constexpr std::chrono::milliseconds kCauseGrace{100};
+
 // Options fields become overrides of the settings they stand for, so that the one registry
 // resolves every setting the same way.
 std::map<std::string, std::string> overrides_from(const Options& o) {
@@ -369,6 +374,19 @@ void CommImpl::run(OpState& op) {
       } catch (const Error& e) {
         what = e.what();
         code = static_cast<int>(e.code());
+      }
+      if (code == static_cast<int>(ErrorCode::peer)) {
+        // A neighbour that went away may have been failed by a mismatch or an abort elsewhere
+        // that it could not pass on; if another peer tells us, that cause is the error.
+        if (auto cause = transport_->find_cause(kCauseGrace)) {
+          try {
+            std::rethrow_exception(cause);
+          } catch (const Error& e) {
+            error = with_prefix(e, prefix, "");
+            what = std::string(prefix) + e.what();
+            code = static_cast<int>(e.code());
+          }
+        }
       }
       RR_LOG(warn, rank_, what);
       transport_->abort(code, what);

@@ -7,8 +7,10 @@
 // sends in order, so two ranks running the same schedule agree on every message without tags.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <string>
 
 #include "core/deadline.h"
@@ -92,6 +94,12 @@ class Transport {
   // instead of a bare closed connection. Called by the thread that drives progress, never
   // concurrently with wait(). Idempotent.
   virtual void abort(int code, const std::string& reason) = 0;
+  // After wait() threw because a peer went away (ErrorCode::peer): looks for up to `grace` for a
+  // notice from any peer that gives a deeper cause (a mismatch, an abort). The rank that closed
+  // on us may have been failed by such a cause without being able to tell us, e.g. while it was
+  // in the middle of a frame to us. Null if there is none. Call before abort(); consumes what the
+  // peers sent, so the transport is only good for abort() afterwards.
+  virtual std::exception_ptr find_cause(std::chrono::milliseconds grace) = 0;
   // Thread-safe: makes a wait() in progress (or the next one) throw Error(reason) promptly.
   virtual void interrupt(const std::string& reason) = 0;
 };

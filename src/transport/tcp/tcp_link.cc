@@ -210,11 +210,7 @@ void TcpLink::drain_inbox() {
       }
       int32_t code;
       std::memcpy(&code, inbox_.get() + inbox_begin_, 4);
-      std::string reason(inbox_.get() + inbox_begin_ + 4, in_header_.payload_bytes - 4);
-      std::string msg = "rank " + std::to_string(peer_) + " aborted: " + reason;
-      notice_ = code == static_cast<int>(ErrorCode::mismatch)
-                    ? std::make_exception_ptr(MismatchError(msg))
-                    : std::make_exception_ptr(PeerError(msg, peer_));
+      set_notice(code, std::string(inbox_.get() + inbox_begin_ + 4, in_header_.payload_bytes - 4));
       // Nothing follows a notice: the link is done. The notice fails whatever needs this link
       // now or later, and the transport's wait fails fast on it unless its op already finished
       // (a notice read in the same recv() as an op's last bytes must not fail that op).
@@ -329,6 +325,78 @@ void TcpLink::read_pending_notice() {
     inbox_end_ += static_cast<size_t>(r);
   }
   drain_inbox();  // finds the notice if it is at the head of what arrived
+}
+
+void TcpLink::set_notice(int32_t code, const std::string& reason) {
+  std::string msg = "rank " + std::to_string(peer_) + " aborted: " + reason;
+  notice_code_ = code;
+  notice_ = code == static_cast<int>(ErrorCode::mismatch)
+                ? std::make_exception_ptr(MismatchError(msg))
+                : std::make_exception_ptr(PeerError(msg, peer_));
+}
+
+bool TcpLink::salvage_notice() {
+  if (notice_ || salvage_done_) return true;
+  if (!inbox_) inbox_ = std::make_unique<char[]>(kInboxBytes);
+  if (!salvaging_) {
+    salvaging_ = true;
+    // The rest of a data frame in progress is skipped; a posted receive already took its first
+    // `done` bytes, and the inbox holds what follows them.
+    if (in_header_ready_ && in_header_.type == kFrameData) {
+      const size_t taken = in_header_checked_ && !recvs_.empty() ? recvs_.front().done : 0;
+      salvage_skip_ = in_header_.payload_bytes - std::min<size_t>(taken, in_header_.payload_bytes);
+      in_header_ready_ = false;
+    }
+  }
+  // Bounded: a peer that keeps streaming data is left for the caller's next pass.
+  for (int round = 0; round < 256; ++round) {
+    for (;;) {
+      size_t avail = inbox_end_ - inbox_begin_;
+      const size_t skip = std::min(avail, salvage_skip_);
+      inbox_begin_ += skip;
+      salvage_skip_ -= skip;
+      avail -= skip;
+      if (salvage_skip_ > 0) break;
+      if (!in_header_ready_) {
+        if (avail < sizeof(FrameHeader)) break;
+        std::memcpy(&in_header_, inbox_.get() + inbox_begin_, sizeof(FrameHeader));
+        inbox_begin_ += sizeof(FrameHeader);
+        avail -= sizeof(FrameHeader);
+        const bool abort_frame = in_header_.type == kFrameAbort && in_header_.payload_bytes >= 4 &&
+                                 in_header_.payload_bytes <= kMaxAbortPayload;
+        if (in_header_.magic != kFrameMagic || (in_header_.type != kFrameData && !abort_frame)) {
+          salvage_done_ = true;  // unreadable from here on
+          return true;
+        }
+        if (in_header_.type == kFrameData) {
+          salvage_skip_ = in_header_.payload_bytes;
+          continue;
+        }
+        in_header_ready_ = true;
+      }
+      if (avail < in_header_.payload_bytes) break;
+      int32_t code;
+      std::memcpy(&code, inbox_.get() + inbox_begin_, 4);
+      set_notice(code, std::string(inbox_.get() + inbox_begin_ + 4, in_header_.payload_bytes - 4));
+      return true;
+    }
+    // Need more bytes: keep what is unread at the front and fill the rest.
+    const size_t avail = inbox_end_ - inbox_begin_;
+    if (inbox_begin_ > 0) std::memmove(inbox_.get(), inbox_.get() + inbox_begin_, avail);
+    inbox_begin_ = 0;
+    inbox_end_ = avail;
+    ssize_t r =
+        ::recv(fd_.get(), inbox_.get() + inbox_end_, kInboxBytes - inbox_end_, MSG_DONTWAIT);
+    if (r > 0) {
+      inbox_end_ += static_cast<size_t>(r);
+      continue;
+    }
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
+    salvage_done_ = true;  // end of stream or reset
+    return true;
+  }
+  return false;
 }
 
 void TcpLink::peer_closed(int err) {

@@ -41,6 +41,12 @@ class TcpLink final : public Link {
   bool has_pending_recv() const { return !recvs_.empty(); }
   // The peer's abort notice, once read (null before).
   const std::exception_ptr& notice() const { return notice_; }
+  // The ErrorCode the peer's notice carried.
+  int notice_code() const { return notice_code_; }
+  // For Transport::find_cause: reads what the peer has sent, without waiting, skipping data
+  // frames, until an abort notice turns up. Consumes the stream, so only for a failing
+  // communicator. True once there is nothing more to learn (notice read, stream ended or corrupt).
+  bool salvage_notice();
   bool has_pending_send() const { return !sends_.empty(); }
   // Events this link wants from epoll now (EPOLLIN and/or EPOLLOUT).
   uint32_t wanted_events() const;
@@ -82,6 +88,7 @@ class TcpLink final : public Link {
   [[noreturn]] void peer_failed(const std::string& what, int err = 0);
   void peer_closed(int err);
   void read_pending_notice();
+  void set_notice(int32_t code, const std::string& reason);
 
   TcpTransport* owner_;
   int peer_;
@@ -90,6 +97,10 @@ class TcpLink final : public Link {
   bool failed_ = false;
   bool closed_by_peer_ = false;
   std::exception_ptr notice_;
+  int notice_code_ = 0;
+  bool salvaging_ = false;
+  bool salvage_done_ = false;
+  size_t salvage_skip_ = 0;  // payload bytes of a data frame still to be skipped
   int closed_errno_ = 0;
 
   std::deque<SendOp> sends_;

@@ -322,6 +322,25 @@ void TcpTransport::abort(int code, const std::string& reason) {
   }
 }
 
+std::exception_ptr TcpTransport::find_cause(std::chrono::milliseconds grace) {
+  const auto until = core::Clock::now() + grace;
+  std::vector<pollfd> open;
+  for (;;) {
+    open.clear();
+    for (const auto& l : links_) {
+      if (!l) continue;
+      const bool done = l->salvage_notice();
+      // A notice that only reports another lost peer says no more than our own error does.
+      if (l->notice() && l->notice_code() != static_cast<int>(ErrorCode::peer)) return l->notice();
+      if (!done) open.push_back({l->fd(), POLLIN, 0});
+    }
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(until - core::Clock::now()).count();
+    if (open.empty() || left <= 0) return nullptr;
+    ::poll(open.data(), open.size(), static_cast<int>(std::min<int64_t>(left, 10)));
+  }
+}
+
 void TcpTransport::interrupt(const std::string& reason) {
   {
     std::lock_guard<std::mutex> lock(interrupt_mu_);
