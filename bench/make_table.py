@@ -45,8 +45,11 @@ def is_float(s):
         return False
 
 
-def parse_rows(text):
-    """{size: (time_us, busbw, wrong)} from nccl-tests style output (out-of-place group)."""
+def parse_rows(text, in_place=False):
+    """{size: (time_us, busbw, wrong)} from nccl-tests style output: the out-of-place group, or
+    with in_place=True the second (in-place) group of rows that have two. Rows with a single
+    group are returned as they are either way: which variant that is, the program's header says
+    (bench/shm_compare.sh's bench/make_shm_table.py checks it)."""
     rows = {}
     for line in text.splitlines():
         line = re.sub(r"^\[\d+\]\s", "", line)  # ringrun's "[rank] " prefix
@@ -62,6 +65,8 @@ def parse_rows(text):
             off = 4
         else:
             off = 5 if is_int(t[4]) and len(t) >= 9 else 4
+        if in_place and len(t) >= off + 8 and all(is_float(x) for x in t[off + 4:off + 7]):
+            off += 4  # the in-place group follows the out-of-place one
         try:
             time_us, busbw = float(t[off]), float(t[off + 2])
         except (ValueError, IndexError):

@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""Markdown table from the raw outputs of bench/shm_compare.sh (standard library only).
+
+usage: bench/make_shm_table.py OUTDIR [--small BYTES] [--large BYTES]
+
+Reads OUTDIR/raw/<lib>_N<n>_r<round>.txt for lib in ringreduce, ompi, mpich (nccl-tests style
+rows, parsed by bench/make_table.py) and stream (bench/stream_copy lines), and prints, for each
+N, one row per size with:
+  - every library's best-of-rounds busbw (GB/s), plus its best time for sizes <= --small (4 KiB);
+    ringreduce: the in-place columns of ringreduce-perf; OpenMPI and MPICH: mpi_allreduce -i 1
+    (a run whose header does not say "(in-place)" is flagged);
+  - rr/best MPI: the better MPI's best time / ringreduce's best time (> 1: ringreduce faster),
+    and which MPI that was;
+  - for sizes >= --large (16 MiB): the memory-bandwidth floor and ringreduce's fraction of it:
+        time_floor = 2 x size x N / stream_rw_bandwidth(all cores)
+        fraction   = time_floor / ringreduce's best time
+    (each rank reads its input once and writes its output once; stream_rw_bandwidth is
+    stream_copy's best_GBps_rw with one thread per core, the best over every round and N:
+    the highest bandwidth gives the lowest floor, so the fraction is not flattered by a
+    slow stream round).
+"""
+import argparse
+import os
+import re
+import sys
+from collections import defaultdict
+
+sys.dont_write_bytecode = True  # no bench/__pycache__ from the import below
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_table import FILE_RE, fmt_time, human, parse_rows  # noqa: E402
+
+LIBS = [  # (key in file names, column title)
+    ("ringreduce", "ringreduce"),
+    ("ompi", "OpenMPI"),
+    ("mpich", "MPICH"),
+]
+MPIS = ["ompi", "mpich"]
+STREAM_RE = re.compile(
+    r"^stream copy threads=(?P<threads>\d+) size=(?P<size>\d+) .*?"
+    r"best_GBps_rw=(?P<rw>[0-9.]+) copy_GBps=(?P<copy>[0-9.]+)", re.M)
+
+
+def parse_stream(text):
+    """{threads: best_GBps_rw} from stream_copy's output."""
+    return {int(m.group("threads")): float(m.group("rw")) for m in STREAM_RE.finditer(text)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("outdir")
+    ap.add_argument("--small", type=int, default=4096, help="also show time for sizes <= this")
+    ap.add_argument("--large", type=int, default=16 << 20,
+                    help="show the memory-bandwidth fraction for sizes >= this")
+    a = ap.parse_args()
+    raw = os.path.join(a.outdir, "raw")
+    if not os.path.isdir(raw):
+        raw = a.outdir
+
+    # data[n][lib][size] -> list of (time, busbw, wrong, round)
+    data = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    stream = defaultdict(list)  # threads -> [best_GBps_rw of each run]
+    runs = defaultdict(lambda: defaultdict(int))  # n -> lib -> files with rows
+    not_in_place = []
+    failed = []
+    for fn in sorted(os.listdir(raw)):
+        m = FILE_RE.match(fn)
+        if not m:
+            continue
+        lib, n, rnd = m.group("lib"), int(m.group("n")), int(m.group("round"))
+        with open(os.path.join(raw, fn), errors="replace") as f:
+            text = f.read()
+        if lib == "stream":
+            v = parse_stream(text)
+            if not v:
+                failed.append(fn)
+            for threads, bw in v.items():
+                stream[threads].append(bw)
+            continue
+        rows = parse_rows(text, in_place=True)
+        if not rows:
+            failed.append(fn)
+            continue
+        if lib in MPIS and "(in-place)" not in text:
+            not_in_place.append(fn)
+        runs[n][lib] += 1
+        for size, (time_us, busbw, wrong) in rows.items():
+            data[n][lib][size].append((time_us, busbw, wrong, rnd))
+
+    out = ["# Shared-memory allreduce on one host: ringreduce vs MPI\n"]
+    setup = os.path.join(a.outdir, "setup.txt")
+    if os.path.exists(setup):
+        with open(setup) as f:
+            out.append("```\n" + f.read().rstrip() + "\n```\n")
+    out.append(
+        "float32 sum allreduce, in place; cells are the best of the rounds' busbw in GB/s "
+        "(busbw = size/time * 2(N-1)/N), with the best time for sizes <= "
+        f"{human(a.small)}. rr/best MPI = the better MPI's time / ringreduce's time (> 1: "
+        "ringreduce faster). From "
+        f"{human(a.large)} up: mem floor = 2 x size x N / stream_rw (all cores), the time to "
+        "read every rank's input once and write its output once; rr/floor = mem floor / "
+        "ringreduce's time, i.e. the fraction of the memory-bandwidth limit ringreduce reaches. "
+        "A `!` marks a size where some run reported wrong results.\n")
+
+    all_threads = max(stream) if stream else None
+    stream_bw = max(stream[all_threads]) if all_threads else None
+    if stream:
+        for threads in sorted(stream):
+            s = stream[threads]
+            out.append(f"stream copy, {threads} thread{'s' if threads > 1 else ''}: best "
+                       f"{max(s):.2f} GB/s read+write (runs: {', '.join(f'{v:.2f}' for v in s)})"
+                       + ("  <- the limit used" if threads == all_threads else "") + "\n")
+    else:
+        out.append("no stream_copy results: no memory-bandwidth column\n")
+
+    for n in sorted(data):
+        out.append(f"\n## N = {n}\n")
+        counts = ", ".join(f"{t} {runs[n].get(k, 0)}" for k, t in LIBS)
+        out.append(f"runs with results: {counts}\n")
+        sizes = sorted({sz for k, _ in LIBS for sz in data[n].get(k, {})})
+        head = ["size"] + [t for _, t in LIBS] + ["rr/best MPI", "mem floor", "rr/floor"]
+        out.append("")
+        out.append("| " + " | ".join(head) + " |")
+        out.append("|" + "|".join(["---:"] * len(head)) + "|")
+        for sz in sizes:
+            cells = [human(sz)]
+            best_t = {}
+            for k, _ in LIBS:
+                v = data[n].get(k, {}).get(sz)
+                if not v:
+                    cells.append("-")
+                    continue
+                t, b, _, _ = min(v, key=lambda x: (x[0], -x[1]))  # best time = best busbw
+                best_t[k] = t
+                bad = any(w is not None and w > 0 for _, _, w, _ in v)
+                cell = f"{b:.3f}"
+                if sz <= a.small:
+                    cell += f" ({fmt_time(t)})"
+                cells.append(cell + (" !" if bad else ""))
+            # busbw ratio, from the times (the printed busbw is rounded to 0 for tiny sizes)
+            trr = best_t.get("ringreduce")
+            mpi = [(best_t[k], title) for k, title in LIBS if k in MPIS and k in best_t]
+            if trr and mpi:
+                tm, title = min(mpi)
+                cells.append(f"{tm / trr:.2f} ({title})")
+            else:
+                cells.append("-")
+            if sz >= a.large and stream_bw:
+                floor_us = 2.0 * sz * n / (stream_bw * 1e9) * 1e6
+                cells.append(fmt_time(floor_us))
+                cells.append(f"{floor_us / trr:.2f}" if trr else "-")
+            else:
+                cells += ["-", "-"]
+            out.append("| " + " | ".join(cells) + " |")
+        out.append("")
+    if not data:
+        out.append("\n(no allreduce results)\n")
+
+    bad_runs = []
+    log = os.path.join(a.outdir, "runs.log")
+    if os.path.exists(log):
+        with open(log, errors="replace") as f:
+            for line in f:
+                m = re.match(r"^(\S+)\s+rc=(\d+)", line)
+                if m and m.group(2) != "0":
+                    why = ", timed out" if m.group(2) in ("124", "137") else ""
+                    bad_runs.append(f"{m.group(1)} (rc={m.group(2)}{why})")
+        with open(log, errors="replace") as f:
+            skipped = sorted({line.split("] skip ", 1)[1].strip() for line in f if "] skip " in line})
+        if skipped:
+            out.append("\nskipped: " + "; ".join(skipped) + "\n")
+    if bad_runs:
+        out.append("\nruns that failed (their finished sizes are still used): "
+                   + ", ".join(bad_runs) + "\n")
+    if not_in_place:
+        out.append("\nWARNING: measured out of place (no \"(in-place)\" header): "
+                   + ", ".join(not_in_place) + "\n")
+    if failed:
+        out.append("\nfiles without results (failed, timed out or skipped): "
+                   + ", ".join(failed) + "\n")
+    print("\n".join(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
