@@ -35,7 +35,8 @@ void chain_reduce(Context& ctx, const Args& a) {
         ctx.link(ctx.right(), ch).send(in + o, bytes, &done);
       else if (pos < n - 1)
         ctx.link(ctx.left(), ch)
-            .recv_reduce_send(partial + o, in + o, bytes, step, ctx.link(ctx.right(), ch), &done);
+            .recv_reduce_send(partial + o, in + o, bytes, step, ctx.link(ctx.right(), ch),
+                              /*keep=*/false, &done);
       else
         ctx.link(ctx.left(), ch).recv_reduce(out + o, in + o, bytes, last, &done);
     });

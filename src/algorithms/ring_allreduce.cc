@@ -46,7 +46,9 @@ void ring_allreduce(Context& ctx, const Args& a) {
     for (int t = 0; t < n - 1; ++t) {
       const transport::Reduction& red = t == n - 2 ? last : step;
       segments(reduce_scatter_step(r, n, t).recv_chunk, [&](size_t off, size_t bytes) {
-        left.recv_reduce_send(out + off, in + off, bytes, red, right, &done);
+        // Only the chunk completed at the last step stays in out; the others are overwritten by the
+        // allgather, so their partial sums need not touch it.
+        left.recv_reduce_send(out + off, in + off, bytes, red, right, t == n - 2, &done);
       });
     }
     // Allgather: receive finished chunks and pass them on.

@@ -11,6 +11,9 @@
 #include "rendezvous/launch_env.h"
 #include "rendezvous/tcp_store.h"
 #include "ringreduce/error.h"
+#include "transport/shm/shm_transport.h"
+#include "transport/tcp/tcp_transport.h"
+#include "transport/topology.h"
 
 namespace ringreduce::detail {
 namespace {
@@ -44,6 +47,12 @@ bool has_op(Collective c) {
 
 std::vector<uint8_t> to_bytes(const std::string& s) {
   return {s.begin(), s.end()};
+}
+
+// The rank a failure is pinned on: the peer of a PeerError (dead, stuck or failing), else none.
+int blamed_rank(const Error& e) {
+  const auto* pe = dynamic_cast<const PeerError*>(&e);
+  return pe ? pe->peer() : -1;
 }
 
 // Rebuilds `e` with `prefix` in front of its message, keeping its type.
@@ -133,27 +142,53 @@ CommImpl::CommImpl(const Options& options) : config_(overrides_from(options)) {
     comm_id = std::stoull(std::string(v.begin(), v.end()));
   }
 
-  transport::tcp::TcpOptions topts;
-  topts.rank = rank_;
-  topts.size = size_;
-  topts.comm_id = comm_id;
   const int64_t channels = config_.integer("RINGREDUCE_CHANNELS");
   if (channels < 1 || channels > 64) throw InvalidArgument("RINGREDUCE_CHANNELS must be 1..64");
-  topts.channels = static_cast<int>(channels);
-  topts.socket_buffer = static_cast<int>(config_.size("RINGREDUCE_SOCKET_BUFFER"));
+  // Which ranks share this host: they may use shared memory, and they share its cores. (Not
+  // asked when neither matters: shared memory off and the launcher told us the local size.)
+  const bool shm_allowed = size_ > 1 && config_.str("RINGREDUCE_SHM") != "0";
+  int same_host = 1;
+  if (shm_allowed || local_size < 0) {
+    const auto hosts = transport::exchange_host_identities(*store_, rank_, size_,
+                                                           transport::host_identity(), timeout_);
+    same_host = 0;
+    for (const auto& h : hosts) same_host += h == hosts[static_cast<size_t>(rank_)] ? 1 : 0;
+  }
+  if (local_size < 0) local_size = same_host;
   // More ranks than cores on this host: polling steals the core from the rank that would
   // produce the data, so poll briefly and yield while doing it.
   const long cores = sysconf(_SC_NPROCESSORS_ONLN);
   const bool oversubscribed = local_size > 0 && cores > 0 && local_size > cores;
-  topts.yield_while_spinning = oversubscribed;
-  topts.spin_us = config_.has("RINGREDUCE_SPIN_US")
-                      ? static_cast<int>(config_.integer("RINGREDUCE_SPIN_US"))
-                      : (oversubscribed ? 20 : 50);
-  topts.store_host = store_host;
-  transport_ = std::make_unique<transport::tcp::TcpTransport>(topts, config_, *store_, deadline);
+  const int spin_us = config_.has("RINGREDUCE_SPIN_US")
+                          ? static_cast<int>(config_.integer("RINGREDUCE_SPIN_US"))
+                          : (oversubscribed ? 20 : 50);
+  const bool use_shm = shm_allowed && same_host == size_;
+  if (use_shm) {
+    transport::shm::ShmOptions sopts;
+    sopts.rank = rank_;
+    sopts.size = size_;
+    sopts.comm_id = comm_id;
+    sopts.channels = static_cast<int>(channels);
+    sopts.spin_us = spin_us;
+    sopts.yield_while_spinning = oversubscribed;
+    transport_ = std::make_unique<transport::shm::ShmTransport>(sopts, *store_, deadline);
+    link_kind_ = "shm";
+  } else {
+    transport::tcp::TcpOptions topts;
+    topts.rank = rank_;
+    topts.size = size_;
+    topts.comm_id = comm_id;
+    topts.channels = static_cast<int>(channels);
+    topts.socket_buffer = static_cast<int>(config_.size("RINGREDUCE_SOCKET_BUFFER"));
+    topts.yield_while_spinning = oversubscribed;
+    topts.spin_us = spin_us;
+    topts.store_host = store_host;
+    transport_ = std::make_unique<transport::tcp::TcpTransport>(topts, config_, *store_, deadline);
+    link_kind_ = "tcp";
+  }
   transport_->set_describer([this](const transport::OpTag& t) { return describe(t); });
-  tuner_ = std::make_unique<tuner::Tuner>(config_, size_, topts.channels);
-  RR_LOG(info, rank_, "communicator ready: ", size_, " ranks");
+  tuner_ = std::make_unique<tuner::Tuner>(config_, size_, static_cast<int>(channels));
+  RR_LOG(info, rank_, "communicator ready: ", size_, " ranks over ", link_kind_);
 }
 
 CommImpl::~CommImpl() {
@@ -177,7 +212,7 @@ CommImpl::~CommImpl() {
     }
     queue_.clear();
     // The peers are waiting for those ops: tell them why they will not happen.
-    if (!driving_) transport_->abort(static_cast<int>(ErrorCode::aborted), msg);
+    if (!driving_) transport_->abort(static_cast<int>(ErrorCode::aborted), -1, msg);
     done_cv_.notify_all();
   }
 }
@@ -334,7 +369,7 @@ void CommImpl::run(OpState& op) {
     try {
       std::rethrow_exception(error);
     } catch (const Error& e) {
-      transport_->abort(static_cast<int>(e.code()), e.what());
+      transport_->abort(static_cast<int>(e.code()), blamed_rank(e), e.what());
     }
   } else {
     const std::string prefix = "rank " + std::to_string(rank_) + ": " + op.description + ": ";
@@ -369,11 +404,13 @@ void CommImpl::run(OpState& op) {
       // tell the peers why so that they report this cause rather than a closed connection.
       std::string what;
       int code = static_cast<int>(ErrorCode::internal);
+      int blamed = -1;
       try {
         std::rethrow_exception(error);
       } catch (const Error& e) {
         what = e.what();
         code = static_cast<int>(e.code());
+        blamed = blamed_rank(e);
       }
       if (code == static_cast<int>(ErrorCode::peer)) {
         // A neighbour that went away may have been failed by a mismatch or an abort elsewhere
@@ -385,11 +422,12 @@ void CommImpl::run(OpState& op) {
             error = with_prefix(e, prefix, "");
             what = std::string(prefix) + e.what();
             code = static_cast<int>(e.code());
+            blamed = blamed_rank(e);
           }
         }
       }
       RR_LOG(warn, rank_, what);
-      transport_->abort(code, what);
+      transport_->abort(code, blamed, what);
       std::lock_guard<std::mutex> lk(mu_);
       if (!abort_error_) abort_error_ = error;
       aborted_.store(true);
@@ -442,7 +480,7 @@ void CommImpl::abort(const std::string& reason) {
   } else {
     driving_ = true;
     lk.unlock();
-    transport_->abort(static_cast<int>(ErrorCode::aborted), msg);
+    transport_->abort(static_cast<int>(ErrorCode::aborted), -1, msg);
     lk.lock();
     release_driver();
   }

@@ -20,7 +20,7 @@
 #include "core/config.h"
 #include "ringreduce/communicator.h"
 #include "ringreduce/store.h"
-#include "transport/tcp/tcp_transport.h"
+#include "transport/link.h"
 #include "tuner/tuner.h"
 
 namespace ringreduce::rendezvous {
@@ -74,10 +74,11 @@ class CommImpl {
   core::Config config_;
   int rank_ = 0;
   int size_ = 1;
+  std::string link_kind_;  // "shm" or "tcp": what this communicator's links are
   std::chrono::milliseconds timeout_{300000};
   std::unique_ptr<rendezvous::TcpStoreServer> store_server_;
   std::shared_ptr<Store> store_;
-  std::unique_ptr<transport::tcp::TcpTransport> transport_;
+  std::unique_ptr<transport::Transport> transport_;
   std::unique_ptr<tuner::Tuner> tuner_;
   std::unique_ptr<char[]> scratch_;
   size_t scratch_bytes_ = 0;

@@ -26,6 +26,8 @@ const std::vector<SettingInfo>& all_settings() {
        "SO_SNDBUF/SO_RCVBUF of data sockets; 0 leaves them to the kernel's autotuning"},
       {"RINGREDUCE_SPIN_US", "",
        "microseconds to poll before sleeping (default: 50, 5 if oversubscribed)"},
+      {"RINGREDUCE_SHM", "1",
+       "0: ranks on one host talk over TCP loopback instead of shared memory"},
       {"RINGREDUCE_STORE_SERVER", "1", "0: rank 0 does not host the store (a standalone one runs)"},
   };
   return kSettings;

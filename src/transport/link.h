@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <string>
 
 #include "core/deadline.h"
@@ -66,10 +67,12 @@ class Link {
   // dst = local (op) incoming; dst may equal local.
   virtual void recv_reduce(void* dst, const void* local, size_t bytes, const Reduction& r,
                            Completion* c) = 0;
-  // dst = local (op) incoming, then dst is sent on next (after everything already posted there).
-  // c counts once and is done when the forward has been sent.
+  // local (op) incoming is sent on next (after everything already posted there). With keep, dst
+  // also receives the result; without, dst is scratch the transport may use to stage the result
+  // or leave untouched (shared memory writes straight into next's slot), and callers must not
+  // read it afterwards. c counts once and is done when the forward has been sent.
   virtual void recv_reduce_send(void* dst, const void* local, size_t bytes, const Reduction& r,
-                                Link& next, Completion* c) = 0;
+                                Link& next, bool keep, Completion* c) = 0;
   // Receives into dst, then sends dst on next.
   virtual void recv_copy_send(void* dst, size_t bytes, Link& next, Completion* c) = 0;
 };
@@ -91,15 +94,18 @@ class Transport {
   virtual void wait(Completion& c, const core::Deadline& deadline) = 0;
   // Fails the transport: drops every queued primitive (so no user buffer is touched afterwards)
   // and tells the peers why (best effort, never blocking), so that they fail with this reason
-  // instead of a bare closed connection. Called by the thread that drives progress, never
-  // concurrently with wait(). Idempotent.
-  virtual void abort(int code, const std::string& reason) = 0;
+  // instead of a bare closed connection. blamed_rank (or -1) is the rank the failure is pinned on
+  // (a dead or stuck peer): the peers' PeerError names it too. Called by the thread that drives
+  // progress, never concurrently with wait(). Idempotent.
+  virtual void abort(int code, int blamed_rank, const std::string& reason) = 0;
   // After wait() threw because a peer went away (ErrorCode::peer): looks for up to `grace` for a
   // notice from any peer that gives a deeper cause (a mismatch, an abort). The rank that closed
   // on us may have been failed by such a cause without being able to tell us, e.g. while it was
   // in the middle of a frame to us. Null if there is none. Call before abort(); consumes what the
   // peers sent, so the transport is only good for abort() afterwards.
   virtual std::exception_ptr find_cause(std::chrono::milliseconds grace) = 0;
+  // For error messages: turns a peer's tag into words ("allreduce #3 (float x 100, sum)").
+  virtual void set_describer(std::function<std::string(const OpTag&)> f) = 0;
   // Thread-safe: makes a wait() in progress (or the next one) throw Error(reason) promptly.
   virtual void interrupt(const std::string& reason) = 0;
 };

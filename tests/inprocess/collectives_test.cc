@@ -5,6 +5,8 @@
 #include <map>
 #include <mutex>
 
+#include <tuple>
+
 #include "harness.h"
 
 namespace rrtest {
@@ -40,12 +42,19 @@ std::string what(const char* call, int n, size_t count, DataType t, ReduceOp op,
          ringreduce::dtype_name(t) + " " + ringreduce::op_name(op) + (in_place ? " in-place" : "");
 }
 
-class Matrix : public ::testing::TestWithParam<int> {};
+// The matrix runs over each transport: "shm" (the default for ranks on one host) and "tcp".
+class Matrix : public ::testing::TestWithParam<std::tuple<int, std::string>> {
+ protected:
+  int ranks() const { return std::get<0>(GetParam()); }
+  std::map<std::string, std::string> transport(std::map<std::string, std::string> s = {}) const {
+    if (std::get<1>(GetParam()) == "tcp") s["RINGREDUCE_SHM"] = "0";
+    return s;
+  }
+};
 
 // Every allreduce algorithm runs the whole matrix: forced, and as the tuner picks.
-void allreduce_matrix(int n, const std::string& algo) {
+void allreduce_matrix(int n, const std::string& algo, std::map<std::string, std::string> settings) {
   Expected expected;
-  std::map<std::string, std::string> settings;
   if (!algo.empty()) settings["RINGREDUCE_ALGO"] = "allreduce:" + algo;
   run_ranks(
       n,
@@ -74,42 +83,43 @@ void allreduce_matrix(int n, const std::string& algo) {
 }
 
 TEST_P(Matrix, AllreduceTunerEveryDtypeOpCountPlacement) {
-  allreduce_matrix(GetParam(), "");
+  allreduce_matrix(ranks(), "", transport());
 }
 TEST_P(Matrix, AllreduceRingEveryDtypeOpCountPlacement) {
-  allreduce_matrix(GetParam(), "ring");
+  allreduce_matrix(ranks(), "ring", transport());
 }
 TEST_P(Matrix, AllreduceRecursiveDoublingEveryDtypeOpCountPlacement) {
-  allreduce_matrix(GetParam(), "rd");
+  allreduce_matrix(ranks(), "rd", transport());
 }
 
 TEST_P(Matrix, AllreduceTinySegmentsPipeline) {
-  const int n = GetParam();
+  const int n = ranks();
   Expected expected;
   // 8-byte segments: every chunk is cut into many segments, all in flight at once.
-  run_ranks(n,
-            [&](Communicator& comm) {
-              for (size_t count : {static_cast<size_t>(n - 1), size_t{7}, size_t{1001}})
-                for (DataType t : all_dtypes())
-                  for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max})
-                    for (bool in_place : {false, true}) {
-                      const size_t bytes = count * ringreduce::dtype_size(t);
-                      auto in = make_input(comm.rank(), count, t, op);
-                      std::vector<char> out(std::max<size_t>(1, bytes));
-                      void* dst = in_place ? in.data() : out.data();
-                      comm.allreduce(in.data(), dst, count, t, op);
-                      ASSERT_EQ(0, std::memcmp(dst, expected.get(n, count, t, op).data(), bytes))
-                          << what("allreduce/8B segments", n, count, t, op, in_place);
-                    }
-            },
-            {{"RINGREDUCE_SEGMENT_BYTES", "8"}, {"RINGREDUCE_ALGO", "allreduce:ring"}});
+  run_ranks(
+      n,
+      [&](Communicator& comm) {
+        for (size_t count : {static_cast<size_t>(n - 1), size_t{7}, size_t{1001}})
+          for (DataType t : all_dtypes())
+            for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max})
+              for (bool in_place : {false, true}) {
+                const size_t bytes = count * ringreduce::dtype_size(t);
+                auto in = make_input(comm.rank(), count, t, op);
+                std::vector<char> out(std::max<size_t>(1, bytes));
+                void* dst = in_place ? in.data() : out.data();
+                comm.allreduce(in.data(), dst, count, t, op);
+                ASSERT_EQ(0, std::memcmp(dst, expected.get(n, count, t, op).data(), bytes))
+                    << what("allreduce/8B segments", n, count, t, op, in_place);
+              }
+      },
+      transport({{"RINGREDUCE_SEGMENT_BYTES", "8"}, {"RINGREDUCE_ALGO", "allreduce:ring"}}));
 }
 
 TEST_P(Matrix, ReduceScatterAllgatherBroadcastReduceAlltoall) {
-  const int n = GetParam();
+  const int n = ranks();
   Expected expected;
   for (const char* seg : {"", "8"}) {
-    std::map<std::string, std::string> settings;
+    std::map<std::string, std::string> settings = transport();
     if (*seg) settings["RINGREDUCE_SEGMENT_BYTES"] = seg;
     run_ranks(
         n,
@@ -192,8 +202,14 @@ TEST_P(Matrix, ReduceScatterAllgatherBroadcastReduceAlltoall) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, Matrix, ::testing::Range(1, 10),
-                         [](const auto& info) { return "N" + std::to_string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Ranks, Matrix,
+                         ::testing::Combine(::testing::Range(1, 10),
+                                            ::testing::Values(std::string("shm"),
+                                                              std::string("tcp"))),
+                         [](const auto& info) {
+                           return std::get<1>(info.param) + "_N" +
+                                  std::to_string(std::get<0>(info.param));
+                         });
 
 }  // namespace
 }  // namespace rrtest

@@ -283,7 +283,7 @@ TEST(Comm, Ipv6DataConnections) {
               comm.allreduce(std::span<int64_t>(buf), ReduceOp::sum);
               EXPECT_EQ(buf[0], 3);
             },
-            {{"RINGREDUCE_SOCKET_FAMILY", "AF_INET6"}});
+            {{"RINGREDUCE_SOCKET_FAMILY", "AF_INET6"}, {"RINGREDUCE_SHM", "0"}});
 }
 
 TEST(Comm, InterfaceByName) {
@@ -293,7 +293,9 @@ TEST(Comm, InterfaceByName) {
               comm.allreduce(std::span<float>(buf), ReduceOp::sum);
               EXPECT_EQ(buf[0], 2.0f);
             },
-            {{"RINGREDUCE_SOCKET_IFNAME", "=lo"}, {"RINGREDUCE_SOCKET_FAMILY", "AF_INET"}});
+            {{"RINGREDUCE_SOCKET_IFNAME", "=lo"},
+             {"RINGREDUCE_SOCKET_FAMILY", "AF_INET"},
+             {"RINGREDUCE_SHM", "0"}});
   // Checked at start-up even when there is nobody to connect to.
   EXPECT_THROW(run_ranks(1, [](Communicator&) {}, {{"RINGREDUCE_SOCKET_IFNAME", "=nosuchif0"}}),
                ringreduce::InvalidArgument);
@@ -311,6 +313,7 @@ TEST(Comm, StrangersAtStartUpAreDroppedAndTheJobConnects) {
       o.world_size = 2;
       o.store = store;
       o.timeout = 30s;
+      o.settings = {{"RINGREDUCE_SHM", "0"}};  // the strangers knock on the TCP listener
       Communicator comm(o);
       std::vector<float> buf(100, 1.0f);
       comm.allreduce(std::span<float>(buf), ReduceOp::sum);
@@ -339,6 +342,7 @@ TEST(Comm, StrangersAtStartUpAreDroppedAndTheJobConnects) {
       o.world_size = 2;
       o.store = store;
       o.timeout = 30s;
+      o.settings = {{"RINGREDUCE_SHM", "0"}};
       Communicator comm(o);
       std::vector<float> buf(100, 1.0f);
       comm.allreduce(std::span<float>(buf), ReduceOp::sum);

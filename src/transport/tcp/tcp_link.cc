@@ -158,7 +158,7 @@ void TcpLink::recv_reduce(void* dst, const void* local, size_t bytes, const Redu
 }
 
 void TcpLink::recv_reduce_send(void* dst, const void* local, size_t bytes, const Reduction& r,
-                               Link& next, Completion* c) {
+                               Link& next, bool /*keep: dst always holds it*/, Completion* c) {
   post_recv({RecvKind::reduce_send, static_cast<char*>(dst), static_cast<const char*>(local), bytes,
              0, r, &static_cast<TcpLink&>(next), c});
 }
@@ -197,7 +197,7 @@ void TcpLink::drain_inbox() {
       in_header_ready_ = true;
       if (in_header_.magic != kFrameMagic) peer_failed("sent a corrupt frame (bad magic)");
       if (in_header_.type == kFrameAbort) {
-        if (in_header_.payload_bytes < 4 || in_header_.payload_bytes > kMaxAbortPayload)
+        if (in_header_.payload_bytes < 8 || in_header_.payload_bytes > kMaxAbortPayload)
           peer_failed("sent a corrupt abort notice");
       } else if (in_header_.type != kFrameData) {
         peer_failed("sent a frame of unknown type " + std::to_string(in_header_.type));
@@ -213,9 +213,11 @@ void TcpLink::drain_inbox() {
         }
         return;
       }
-      int32_t code;
+      int32_t code, blamed;
       std::memcpy(&code, inbox_.get() + inbox_begin_, 4);
-      set_notice(code, std::string(inbox_.get() + inbox_begin_ + 4, in_header_.payload_bytes - 4));
+      std::memcpy(&blamed, inbox_.get() + inbox_begin_ + 4, 4);
+      set_notice(code, blamed,
+                 std::string(inbox_.get() + inbox_begin_ + 8, in_header_.payload_bytes - 8));
       // Nothing follows a notice: the link is done. The notice fails whatever needs this link
       // now or later, and the transport's wait fails fast on it unless its op already finished
       // (a notice read in the same recv() as an op's last bytes must not fail that op).
@@ -332,12 +334,13 @@ void TcpLink::read_pending_notice() {
   drain_inbox();  // finds the notice if it is at the head of what arrived
 }
 
-void TcpLink::set_notice(int32_t code, const std::string& reason) {
+void TcpLink::set_notice(int32_t code, int32_t blamed, const std::string& reason) {
   std::string msg = "rank " + std::to_string(peer_) + " aborted: " + reason;
   notice_code_ = code;
+  // A PeerError names the rank at fault (a dead one, say), not the rank that passed the news on.
   notice_ = code == static_cast<int>(ErrorCode::mismatch)
                 ? std::make_exception_ptr(MismatchError(msg))
-                : std::make_exception_ptr(PeerError(msg, peer_));
+                : std::make_exception_ptr(PeerError(msg, blamed >= 0 ? blamed : peer_));
 }
 
 bool TcpLink::salvage_notice() {
@@ -367,7 +370,7 @@ bool TcpLink::salvage_notice() {
         std::memcpy(&in_header_, inbox_.get() + inbox_begin_, sizeof(FrameHeader));
         inbox_begin_ += sizeof(FrameHeader);
         avail -= sizeof(FrameHeader);
-        const bool abort_frame = in_header_.type == kFrameAbort && in_header_.payload_bytes >= 4 &&
+        const bool abort_frame = in_header_.type == kFrameAbort && in_header_.payload_bytes >= 8 &&
                                  in_header_.payload_bytes <= kMaxAbortPayload;
         if (in_header_.magic != kFrameMagic || (in_header_.type != kFrameData && !abort_frame)) {
           salvage_done_ = true;  // unreadable from here on
@@ -380,9 +383,11 @@ bool TcpLink::salvage_notice() {
         in_header_ready_ = true;
       }
       if (avail < in_header_.payload_bytes) break;
-      int32_t code;
+      int32_t code, blamed;
       std::memcpy(&code, inbox_.get() + inbox_begin_, 4);
-      set_notice(code, std::string(inbox_.get() + inbox_begin_ + 4, in_header_.payload_bytes - 4));
+      std::memcpy(&blamed, inbox_.get() + inbox_begin_ + 4, 4);
+      set_notice(code, blamed,
+                 std::string(inbox_.get() + inbox_begin_ + 8, in_header_.payload_bytes - 8));
       return true;
     }
     // Need more bytes: keep what is unread at the front and fill the rest.
@@ -416,7 +421,7 @@ void TcpLink::peer_closed(int err) {
 // ---------------------------------------------------------------------------------------------
 // Failure
 
-void TcpLink::fail(int code, const std::string& reason) {
+void TcpLink::fail(int code, int blamed_rank, const std::string& reason) {
   if (failed_) return;
   // Forget every primitive: their buffers and completions belong to an op that is unwinding.
   recvs_.clear();
@@ -427,11 +432,13 @@ void TcpLink::fail(int code, const std::string& reason) {
   } else {
     sends_.clear();
     static thread_local std::string payload;
-    std::string text = reason.substr(0, kMaxAbortPayload - 4);
-    payload.assign(4 + text.size(), '\0');
-    int32_t c = code;
+    // Payload: int32 code, int32 blamed rank, reason.
+    std::string text = reason.substr(0, kMaxAbortPayload - 8);
+    payload.assign(8 + text.size(), '\0');
+    int32_t c = code, b = blamed_rank;
     std::memcpy(payload.data(), &c, 4);
-    std::memcpy(payload.data() + 4, text.data(), text.size());
+    std::memcpy(payload.data() + 4, &b, 4);
+    std::memcpy(payload.data() + 8, text.data(), text.size());
     FrameHeader h;
     h.type = kFrameAbort;
     h.channel = static_cast<uint16_t>(channel_);

@@ -30,7 +30,7 @@ class TcpLink final : public Link {
   void recv_reduce(void* dst, const void* local, size_t bytes, const Reduction& r,
                    Completion* c) override;
   void recv_reduce_send(void* dst, const void* local, size_t bytes, const Reduction& r, Link& next,
-                        Completion* c) override;
+                        bool keep, Completion* c) override;
   void recv_copy_send(void* dst, size_t bytes, Link& next, Completion* c) override;
 
   // Called by the engine. Each does a bounded amount of work so one busy link cannot starve the
@@ -58,7 +58,7 @@ class TcpLink final : public Link {
 
   // Drops every queued primitive, then, if the byte stream is at a frame boundary, queues an
   // abort frame with the reason and tries once to write it; finally shuts down the write side.
-  void fail(int code, const std::string& reason);
+  void fail(int code, int blamed_rank, const std::string& reason);
 
  private:
   enum class RecvKind : uint8_t { plain, reduce, copy_send, reduce_send };
@@ -88,7 +88,7 @@ class TcpLink final : public Link {
   [[noreturn]] void peer_failed(const std::string& what, int err = 0);
   void peer_closed(int err);
   void read_pending_notice();
-  void set_notice(int32_t code, const std::string& reason);
+  void set_notice(int32_t code, int32_t blamed, const std::string& reason);
 
   TcpTransport* owner_;
   int peer_;

@@ -312,12 +312,12 @@ void TcpTransport::throw_timeout(const core::Deadline&) {
   throw TimeoutError("timed out");
 }
 
-void TcpTransport::abort(int code, const std::string& reason) {
+void TcpTransport::abort(int code, int blamed_rank, const std::string& reason) {
   if (aborted_) return;
   aborted_ = true;
   for (auto& l : links_) {
     if (!l) continue;
-    l->fail(code, reason);
+    l->fail(code, blamed_rank, reason);
     update_interest(*l);
   }
 }

@@ -46,12 +46,14 @@ class TcpTransport final : public Transport {
   Link& link(int peer, int channel) override;
   void begin_op(const OpTag& tag) override { tag_ = tag; }
   void wait(Completion& c, const core::Deadline& deadline) override;
-  void abort(int code, const std::string& reason) override;
+  void abort(int code, int blamed_rank, const std::string& reason) override;
   void interrupt(const std::string& reason) override;
   std::exception_ptr find_cause(std::chrono::milliseconds grace) override;
 
   // For error messages: turns a peer's tag into words ("allreduce #3 (float x 100, sum)").
-  void set_describer(std::function<std::string(const OpTag&)> f) { describe_ = std::move(f); }
+  void set_describer(std::function<std::string(const OpTag&)> f) override {
+    describe_ = std::move(f);
+  }
   std::string describe(const OpTag& t) const { return describe_ ? describe_(t) : "an op"; }
   const OpTag& tag() const { return tag_; }
   // Called by a link that has read its peer's abort notice.

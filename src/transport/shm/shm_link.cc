@@ -1,0 +1,243 @@
+#include "transport/shm/shm_link.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "reduce/reduce.h"
+#include "ringreduce/error.h"
+#include "transport/shm/shm_transport.h"
+
+namespace ringreduce::transport::shm {
+
+ShmLink::ShmLink(ShmTransport* owner, int peer, int peer_index, Fifo in, Fifo out)
+    : owner_(owner), peer_(peer), peer_index_(peer_index), in_(in), out_(out) {}
+
+void ShmLink::peer_failed(const std::string& what) {
+  if (has_notice()) std::rethrow_exception(notice());
+  throw PeerError("peer rank " + std::to_string(peer_) + " " + what, peer_);
+}
+
+std::exception_ptr ShmLink::notice() const {
+  const FifoControl* ctl = in_.control();
+  if (ctl->abort_state.load(std::memory_order_acquire) == 0) return nullptr;
+  const size_t len = std::min<size_t>(ctl->abort_len, kMaxAbortReason);
+  const std::string msg =
+      "rank " + std::to_string(peer_) + " aborted: " + std::string(ctl->abort_reason, len);
+  if (ctl->abort_code == static_cast<int>(ErrorCode::mismatch))
+    return std::make_exception_ptr(MismatchError(msg));
+  return std::make_exception_ptr(
+      PeerError(msg, ctl->abort_blamed >= 0 ? ctl->abort_blamed : peer_));
+}
+
+int ShmLink::notice_code() const {
+  return in_.control()->abort_code;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Credits
+
+bool ShmLink::out_has_credit() {
+  if (out_head_ - out_tail_ < kSlots) return true;
+  out_tail_ = out_.control()->tail.load(std::memory_order_acquire);
+  return out_head_ - out_tail_ < kSlots;
+}
+
+bool ShmLink::in_has_data() {
+  if (in_head_ > in_tail_) return true;
+  in_head_ = in_.control()->head.load(std::memory_order_acquire);
+  return in_head_ > in_tail_;
+}
+
+void ShmLink::commit_out(const OpTag& tag, size_t message_bytes, bool first, size_t n) {
+  SlotMeta* m = out_.meta(out_head_);
+  m->tag = tag;
+  m->message_bytes = message_bytes;
+  m->bytes = static_cast<uint32_t>(n);
+  m->first = first ? 1 : 0;
+  // The slot's payload and meta are written before head moves: the owner reads them after an
+  // acquire load of head.
+  out_.control()->head.store(++out_head_, std::memory_order_release);
+  owner_->ring(peer_index_);
+}
+
+void ShmLink::publish(const OpTag& tag, size_t message_bytes, bool first, const char* src,
+                      size_t n) {
+  if (n > 0) std::memcpy(out_slot(), src, n);
+  commit_out(tag, message_bytes, first, n);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Posting
+
+void ShmLink::send(const void* src, size_t bytes, Completion* c) {
+  if (failed_) throw Error("send on a failed link to rank " + std::to_string(peer_));
+  if (peer_gone_) peer_failed("exited (its shared-memory connection closed)");
+  if (c) ++c->outstanding;
+  sends_.push_back({static_cast<const char*>(src), bytes, 0, bytes, true, c, owner_->tag()});
+  // Eager: a free slot is usually there, and writing now saves a pass of the progress loop.
+  if (sends_.size() == 1) progress();
+}
+
+void ShmLink::queue_piece(const char* src, size_t n, size_t message_bytes, bool first,
+                          Completion* c) {
+  ++c->outstanding;
+  sends_.push_back({src, n, 0, message_bytes, first, c, owner_->tag()});
+}
+
+void ShmLink::post_recv(RecvOp op) {
+  if (failed_) throw Error("receive on a failed link to rank " + std::to_string(peer_));
+  ++op.c->outstanding;
+  recvs_.push_back(op);
+  if (recvs_.size() == 1) progress();
+}
+
+void ShmLink::recv(void* dst, size_t bytes, Completion* c) {
+  post_recv(
+      {RecvKind::plain, static_cast<char*>(dst), nullptr, bytes, 0, false, true, {}, nullptr, c});
+}
+
+void ShmLink::recv_reduce(void* dst, const void* local, size_t bytes, const Reduction& r,
+                          Completion* c) {
+  post_recv({RecvKind::reduce, static_cast<char*>(dst), static_cast<const char*>(local), bytes, 0,
+             false, true, r, nullptr, c});
+}
+
+ShmLink* ShmLink::shm_next(Link& next) {
+  auto* l = dynamic_cast<ShmLink*>(&next);
+  if (!l) throw Error("a shared-memory link can only forward to another shared-memory link");
+  return l;
+}
+
+void ShmLink::recv_reduce_send(void* dst, const void* local, size_t bytes, const Reduction& r,
+                               Link& next, bool keep, Completion* c) {
+  post_recv({RecvKind::reduce_send, static_cast<char*>(dst), static_cast<const char*>(local), bytes,
+             0, false, keep, r, shm_next(next), c});
+}
+
+void ShmLink::recv_copy_send(void* dst, size_t bytes, Link& next, Completion* c) {
+  post_recv({RecvKind::copy_send,
+             static_cast<char*>(dst),
+             nullptr,
+             bytes,
+             0,
+             false,
+             true,
+             {},
+             shm_next(next),
+             c});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Progress
+
+void ShmLink::check_gone() {
+  if (!peer_gone_ || idle()) return;
+  // Whatever it published before it went is still readable (we hold the mapping): only fail
+  // when that is used up.
+  if (!recvs_.empty() && in_has_data()) return;
+  peer_failed("exited (its shared-memory connection closed)");
+}
+
+bool ShmLink::progress() {
+  bool any = false;
+  while (!sends_.empty() && out_has_credit()) {
+    SendOp& op = sends_.front();
+    const size_t n = std::min(kSlotBytes, op.bytes - op.done);
+    publish(op.tag, op.message_bytes, op.first && op.done == 0, op.src + op.done, n);
+    op.done += n;
+    any = true;
+    if (op.done == op.bytes) {
+      if (op.c) --op.c->outstanding;
+      sends_.pop_front();
+    }
+  }
+  while (!recvs_.empty() && in_has_data()) {
+    RecvOp& op = recvs_.front();
+    const SlotMeta* m = in_.meta(in_tail_);
+    if (!op.started) {
+      if (!m->first) peer_failed("sent the middle of a message where one should start");
+      if (!(m->tag == owner_->tag()))
+        throw MismatchError("mismatched call: rank " + std::to_string(peer_) + " issued " +
+                            owner_->describe(m->tag));
+      if (m->message_bytes != op.bytes)
+        peer_failed("sent " + std::to_string(m->message_bytes) + " bytes where " +
+                    std::to_string(op.bytes) + " were expected");
+    } else if (m->first) {
+      peer_failed("started a new message before finishing the last");
+    }
+    const size_t n = m->bytes;
+    if (n > op.bytes - op.done || n > kSlotBytes) peer_failed("overran its message");
+    const char* src = in_.data(in_tail_);
+    const size_t elem = dtype_size(op.red.dtype);
+    const bool first = !op.started;
+    // Straight into next's slot only in order (nothing queued there) and with a free slot.
+    const bool direct = op.next != nullptr && op.next->sends_.empty() && op.next->out_has_credit();
+    switch (op.kind) {
+      case RecvKind::plain:
+        std::memcpy(op.dst + op.done, src, n);
+        break;
+      case RecvKind::reduce: {
+        char* d = op.dst + op.done;
+        reduce::combine(d, op.local + op.done, src, n / elem, op.red.dtype, op.red.op);
+        if (op.red.divide_by > 1) reduce::divide(d, d, n / elem, op.red.dtype, op.red.divide_by);
+        break;
+      }
+      case RecvKind::copy_send:
+        std::memcpy(op.dst + op.done, src, n);
+        if (direct)
+          op.next->publish(owner_->tag(), op.bytes, first, src, n);
+        else
+          op.next->queue_piece(op.dst + op.done, n, op.bytes, first, op.c);
+        break;
+      case RecvKind::reduce_send: {
+        // One pass: the left neighbour's slot and our chunk in, the right neighbour's slot out.
+        char* d = direct ? op.next->out_slot() : op.dst + op.done;
+        reduce::combine(d, op.local + op.done, src, n / elem, op.red.dtype, op.red.op);
+        if (op.red.divide_by > 1) reduce::divide(d, d, n / elem, op.red.dtype, op.red.divide_by);
+        if (direct) {
+          if (op.keep) std::memcpy(op.dst + op.done, d, n);
+          op.next->commit_out(owner_->tag(), op.bytes, first, n);
+        } else {
+          op.next->queue_piece(d, n, op.bytes, first, op.c);
+        }
+        break;
+      }
+    }
+    // Done with the slot: hand the credit back.
+    in_.control()->tail.store(++in_tail_, std::memory_order_release);
+    owner_->ring(peer_index_);
+    op.done += n;
+    op.started = true;
+    any = true;
+    if (op.done == op.bytes) {
+      --op.c->outstanding;
+      recvs_.pop_front();
+    }
+  }
+  if (!any) check_gone();
+  return any;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Failure
+
+void ShmLink::fail(int code, int blamed_rank, const std::string& reason) {
+  if (failed_) return;
+  failed_ = true;
+  sends_.clear();
+  recvs_.clear();
+  // The notice has its own place beside the FIFO, so unlike a byte stream it never waits for a
+  // message boundary or a free slot.
+  FifoControl* ctl = out_.control();
+  if (ctl->abort_state.load(std::memory_order_relaxed) == 0) {
+    const size_t len = std::min(reason.size(), kMaxAbortReason);
+    std::memcpy(ctl->abort_reason, reason.data(), len);
+    ctl->abort_len = static_cast<uint32_t>(len);
+    ctl->abort_code = code;
+    ctl->abort_blamed = blamed_rank;
+    ctl->abort_state.store(1, std::memory_order_release);
+  }
+  owner_->ring(peer_index_);
+}
+
+}  // namespace ringreduce::transport::shm

@@ -1,0 +1,108 @@
+// One same-host peer on one channel: an outgoing FIFO in the peer's segment, an incoming FIFO in
+// ours, and queues of posted primitives that the transport's progress loop advances.
+#pragma once
+
+#include <deque>
+#include <exception>
+#include <string>
+
+#include "transport/link.h"
+#include "transport/shm/shm_layout.h"
+
+namespace ringreduce::transport::shm {
+
+class ShmTransport;
+
+class ShmLink final : public Link {
+ public:
+  ShmLink(ShmTransport* owner, int peer, int peer_index, Fifo in, Fifo out);
+  int peer() const override { return peer_; }
+  int peer_index() const { return peer_index_; }
+
+  void send(const void* src, size_t bytes, Completion* c) override;
+  void recv(void* dst, size_t bytes, Completion* c) override;
+  void recv_reduce(void* dst, const void* local, size_t bytes, const Reduction& r,
+                   Completion* c) override;
+  // Fused: reads the incoming slot and `local`, and writes the result straight into next's
+  // outgoing slot (one pass instead of three; dst is written only with keep). When next cannot
+  // take it now (earlier sends still queued there, or no free slot) the result goes to dst and is
+  // queued on next instead: a receive never waits for a forward, which is what keeps a ring of
+  // bounded FIFOs free of deadlock whatever order the algorithm posts in.
+  void recv_reduce_send(void* dst, const void* local, size_t bytes, const Reduction& r, Link& next,
+                        bool keep, Completion* c) override;
+  // Fused: copies each incoming slot into dst and into next's outgoing slot.
+  void recv_copy_send(void* dst, size_t bytes, Link& next, Completion* c) override;
+
+  // Moves what can move now without waiting. Returns whether anything moved. Throws
+  // MismatchError / PeerError on a mismatched or failed peer.
+  bool progress();
+  bool idle() const { return sends_.empty() && recvs_.empty(); }
+  bool has_pending_recv() const { return !recvs_.empty(); }
+  bool has_pending_send() const { return !sends_.empty(); }
+
+  // The peer's abort notice, if it has posted one (null otherwise); checked by the transport.
+  std::exception_ptr notice() const;
+  int notice_code() const;
+  bool has_notice() const {
+    return in_.control()->abort_state.load(std::memory_order_acquire) != 0;
+  }
+  // The peer's process is gone (its Unix socket closed). Pending and later primitives fail once
+  // nothing more can be read from it.
+  void set_peer_gone() { peer_gone_ = true; }
+  bool peer_gone() const { return peer_gone_; }
+  // Drops every queued primitive and posts the abort notice in the peer's copy of our FIFO.
+  void fail(int code, int blamed_rank, const std::string& reason);
+
+ private:
+  enum class RecvKind : uint8_t { plain, reduce, copy_send, reduce_send };
+  struct RecvOp {
+    RecvKind kind;
+    char* dst;
+    const char* local;
+    size_t bytes;
+    size_t done;
+    bool started;
+    bool keep;
+    Reduction red;
+    ShmLink* next;
+    Completion* c;
+  };
+  // A message, or a piece of one that a fused receive could not forward straight away.
+  struct SendOp {
+    const char* src;
+    size_t bytes;  // of this piece
+    size_t done;
+    size_t message_bytes;  // of the whole message
+    bool first;            // the piece starts the message
+    Completion* c;
+    OpTag tag;
+  };
+  void queue_piece(const char* src, size_t n, size_t message_bytes, bool first, Completion* c);
+
+  void post_recv(RecvOp op);
+  static ShmLink* shm_next(Link& next);
+  bool out_has_credit();
+  bool in_has_data();
+  // Writes n bytes of a message into the next outgoing slot and publishes it.
+  void publish(const OpTag& tag, size_t message_bytes, bool first, const char* src, size_t n);
+  char* out_slot() const { return out_.data(out_head_); }
+  void commit_out(const OpTag& tag, size_t message_bytes, bool first, size_t n);
+  [[noreturn]] void peer_failed(const std::string& what);
+  void check_gone();
+
+  ShmTransport* owner_;
+  int peer_;
+  int peer_index_;
+  Fifo in_;                // peer -> us, in our segment
+  Fifo out_;               // us -> peer, in the peer's segment
+  uint64_t in_tail_ = 0;   // our release count (we are the only writer of in.tail)
+  uint64_t in_head_ = 0;   // last head seen
+  uint64_t out_head_ = 0;  // our publish count (we are the only writer of out.head)
+  uint64_t out_tail_ = 0;  // last tail seen
+  bool peer_gone_ = false;
+  bool failed_ = false;
+  std::deque<SendOp> sends_;
+  std::deque<RecvOp> recvs_;
+};
+
+}  // namespace ringreduce::transport::shm

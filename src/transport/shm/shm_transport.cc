@@ -1,0 +1,414 @@
+#include "transport/shm/shm_transport.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <sched.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "core/log.h"
+#include "ringreduce/error.h"
+
+namespace ringreduce::transport::shm {
+namespace {
+
+constexpr uint32_t kShmHelloMagic = 0x31485352;  // "RSH1"
+
+// Sent once on each Unix connection, with the sender's segment memfd and doorbell eventfd.
+struct ShmHello {
+  uint32_t magic = kShmHelloMagic;
+  uint32_t version = kShmVersion;
+  uint64_t comm_id = 0;
+  int32_t rank = -1;
+  int32_t world_size = 0;
+  int32_t channels = 0;
+  uint32_t reserved = 0;
+};
+
+// Abstract socket address (leading NUL): it exists only while the socket is open.
+sockaddr_un socket_name(uint64_t comm_id, int rank, socklen_t* len) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  char name[96];
+  int n = snprintf(name, sizeof name, "ringreduce/%016llx/%d",
+                   static_cast<unsigned long long>(comm_id), rank);
+  std::memcpy(a.sun_path + 1, name, static_cast<size_t>(n));
+  *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + static_cast<size_t>(n));
+  return a;
+}
+
+std::string errstr(const char* what) {
+  return std::string(what) + ": " + strerror(errno);
+}
+
+void send_hello(int sock, const ShmHello& h, int memfd, int doorbell) {
+  iovec iov{const_cast<ShmHello*>(&h), sizeof h};
+  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(2 * sizeof(int));
+  int fds[2] = {memfd, doorbell};
+  std::memcpy(CMSG_DATA(c), fds, sizeof fds);
+  if (sendmsg(sock, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof h))
+    throw Error(errstr("sending the shared-memory hello failed"));
+}
+
+// Receives a hello and its two fds; false (fds closed) on anything malformed.
+bool recv_hello(int sock, ShmHello* h, core::Fd* memfd, core::Fd* doorbell) {
+  iovec iov{h, sizeof *h};
+  alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  ssize_t r = recvmsg(sock, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  std::vector<int> fds;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); r >= 0 && c; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < n; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+      fds.push_back(fd);
+    }
+  }
+  const bool ok =
+      r == static_cast<ssize_t>(sizeof *h) && !(msg.msg_flags & MSG_CTRUNC) && fds.size() == 2;
+  if (!ok) {
+    for (int fd : fds) ::close(fd);
+    return false;
+  }
+  memfd->reset(fds[0]);
+  doorbell->reset(fds[1]);
+  return true;
+}
+
+constexpr uint64_t kDoorbellEvent = ~0ull;
+
+}  // namespace
+
+Mapping::~Mapping() {
+  if (p_) munmap(p_, n_);
+}
+Mapping::Mapping(Mapping&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(o.n_) {}
+Mapping& Mapping::operator=(Mapping&& o) noexcept {
+  if (this != &o) {
+    if (p_) munmap(p_, n_);
+    p_ = std::exchange(o.p_, nullptr);
+    n_ = o.n_;
+  }
+  return *this;
+}
+
+ShmTransport::ShmTransport(const ShmOptions& opts, Store& store, const core::Deadline& deadline)
+    : opts_(opts), my_index_(opts.rank) {
+  const size_t nfifos = static_cast<size_t>(opts_.size) * static_cast<size_t>(opts_.channels);
+  const size_t total = kHeaderBytes + nfifos * kFifoStride;
+  memfd_.reset(memfd_create("ringreduce-shm", MFD_CLOEXEC));
+  if (!memfd_.valid()) throw Error(errstr("memfd_create failed"));
+  if (ftruncate(memfd_.get(), static_cast<off_t>(total)) != 0)
+    throw Error(errstr("sizing the shared-memory segment failed"));
+  void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, memfd_.get(), 0);
+  if (p == MAP_FAILED) throw Error(errstr("mapping the shared-memory segment failed"));
+  mine_ = Mapping(p, total);
+  SegmentHeader* h = mine_.header();
+  h->magic = kSegmentMagic;
+  h->version = kShmVersion;
+  h->owner_rank = opts_.rank;
+  h->comm_id = opts_.comm_id;
+  h->fifo_count = nfifos;
+  h->fifo_stride = kFifoStride;
+  h->total_bytes = total;
+
+  doorbell_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  epoll_.reset(epoll_create1(EPOLL_CLOEXEC));
+  if (!doorbell_.valid() || !epoll_.valid()) throw Error(errstr("eventfd/epoll creation failed"));
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kDoorbellEvent;
+  epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, doorbell_.get(), &ev);
+
+  peers_.resize(static_cast<size_t>(opts_.size));
+  ring_.assign(static_cast<size_t>(opts_.size), 0);
+  links_.resize(nfifos);
+  if (opts_.size > 1) connect_peers(store, deadline);
+  // The peers have mapped it; nobody needs the fd any more.
+  memfd_.reset();
+}
+
+ShmTransport::~ShmTransport() = default;
+
+void ShmTransport::connect_peers(Store& store, const core::Deadline& deadline) {
+  const int rank = opts_.rank, size = opts_.size;
+  ShmHello mine;
+  mine.comm_id = opts_.comm_id;
+  mine.rank = rank;
+  mine.world_size = size;
+  mine.channels = opts_.channels;
+
+  core::Fd listener(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  socklen_t len;
+  sockaddr_un name = socket_name(opts_.comm_id, rank, &len);
+  if (!listener.valid() || bind(listener.get(), reinterpret_cast<sockaddr*>(&name), len) != 0 ||
+      listen(listener.get(), 128) != 0)
+    throw Error(errstr("listening for shared-memory peers failed"));
+  store.set("shm/" + std::to_string(rank), {'1'});
+
+  // Connect to every peer and send our fds. A connect to a listening abstract socket completes
+  // at once from the backlog, so no ordering of ranks can deadlock.
+  const auto timeout_ms = std::chrono::milliseconds(deadline.remaining_ms());
+  for (int q = 0; q < size; ++q) {
+    if (q == rank) continue;
+    store.get("shm/" + std::to_string(q), timeout_ms);
+    core::Fd s(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    sockaddr_un to = socket_name(opts_.comm_id, q, &len);
+    while (connect(s.get(), reinterpret_cast<sockaddr*>(&to), len) != 0) {
+      if ((errno != EAGAIN && errno != EINTR) || deadline.expired())
+        throw PeerError(errstr(("could not reach same-host rank " + std::to_string(q) +
+                                " over a Unix socket (set RINGREDUCE_SHM=0 to use TCP)")
+                                   .c_str()),
+                        q);
+      usleep(1000);
+    }
+    send_hello(s.get(), mine, memfd_.get(), doorbell_.get());
+    peers_[static_cast<size_t>(q)].out_sock = std::move(s);
+  }
+
+  // Accept every peer. A stranger (wrong id, rank or layout) is dropped and logged.
+  int expected = size - 1;
+  while (expected > 0) {
+    if (deadline.expired()) {
+      std::string missing;
+      for (int q = 0; q < size; ++q)
+        if (q != rank && !peers_[static_cast<size_t>(q)].in_sock.valid())
+          missing += " " + std::to_string(q);
+      throw TimeoutError("timed out waiting for same-host ranks" + missing + " to connect");
+    }
+    pollfd pfd{listener.get(), POLLIN, 0};
+    if (poll(&pfd, 1, deadline.remaining_ms(100)) <= 0) continue;
+    core::Fd s(accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (!s.valid()) continue;
+    // The peer sent its hello right after connecting; give a slow one a moment.
+    pollfd in{s.get(), POLLIN, 0};
+    poll(&in, 1, std::min(deadline.remaining_ms(), 1000));
+    ShmHello h;
+    core::Fd fd, bell;
+    std::string why;
+    struct stat st {};
+    if (!recv_hello(s.get(), &h, &fd, &bell))
+      why = "no hello";
+    else if (h.magic != kShmHelloMagic || h.version != kShmVersion)
+      why = "bad magic or version";
+    else if (h.comm_id != opts_.comm_id)
+      why = "belongs to another communicator";
+    else if (h.world_size != size || h.channels != opts_.channels || h.rank < 0 || h.rank >= size ||
+             h.rank == rank)
+      why = "unexpected rank or shape";
+    else if (peers_[static_cast<size_t>(h.rank)].in_sock.valid())
+      why = "duplicate connection";
+    else if (fstat(fd.get(), &st) != 0 || st.st_size < static_cast<off_t>(kHeaderBytes))
+      why = "unusable segment";
+    if (why.empty()) {
+      const size_t n = static_cast<size_t>(st.st_size);
+      void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+      if (p == MAP_FAILED) throw Error(errstr("mapping a peer's shared-memory segment failed"));
+      Mapping seg(p, n);
+      const SegmentHeader* sh = seg.header();
+      if (sh->magic != kSegmentMagic || sh->comm_id != opts_.comm_id || sh->owner_rank != h.rank ||
+          sh->total_bytes != n ||
+          sh->fifo_count != static_cast<uint64_t>(size) * static_cast<uint64_t>(opts_.channels) ||
+          sh->fifo_stride != kFifoStride) {
+        why = "segment does not match its hello";
+      } else {
+        Peer& peer = peers_[static_cast<size_t>(h.rank)];
+        peer.segment = std::move(seg);
+        peer.doorbell = std::move(bell);
+        peer.in_sock = std::move(s);
+        --expected;
+        continue;
+      }
+    }
+    RR_LOG(warn, rank, "dropped a shared-memory connection during start-up: ", why);
+  }
+
+  for (int q = 0; q < size; ++q) {
+    if (q == rank) continue;
+    Peer& peer = peers_[static_cast<size_t>(q)];
+    // Liveness: the peer's socket reports EOF or HUP when its process (or communicator) is gone.
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP;
+    ev.data.u64 = static_cast<uint64_t>(q);
+    epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, peer.in_sock.get(), &ev);
+    for (int ch = 0; ch < opts_.channels; ++ch) {
+      // Our FIFO from q lives in our segment at q's index; our FIFO to q in q's at ours.
+      Fifo in = fifo_at(mine_.get(), static_cast<size_t>(q * opts_.channels + ch));
+      Fifo out = fifo_at(peer.segment.get(), static_cast<size_t>(rank * opts_.channels + ch));
+      auto l = std::make_unique<ShmLink>(this, q, q, in, out);
+      active_.push_back(l.get());
+      links_[static_cast<size_t>(q * opts_.channels + ch)] = std::move(l);
+    }
+  }
+  RR_LOG(info, rank, "connected to ", size - 1, " same-host peers over shared memory");
+}
+
+Link& ShmTransport::link(int peer, int channel) {
+  ShmLink* l = slot(peer, channel);
+  if (!l)
+    throw Error("no link from rank " + std::to_string(opts_.rank) + " to rank " +
+                std::to_string(peer));
+  return *l;
+}
+
+bool ShmTransport::progress_all() {
+  bool any = false;
+  for (ShmLink* l : active_)
+    if (!l->idle() || l->peer_gone()) any |= l->progress();
+  flush_rings();
+  return any;
+}
+
+void ShmTransport::flush_rings() {
+  bool pending = false;
+  for (uint8_t r : ring_) pending |= r != 0;
+  if (!pending) return;
+  // Pairs with the fence in sleep(): either the sleeper sees what we published, or we see that it
+  // sleeps and wake it.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  for (size_t q = 0; q < ring_.size(); ++q) {
+    if (!ring_[q]) continue;
+    ring_[q] = 0;
+    Peer& p = peers_[q];
+    if (p.segment.get() && p.segment.header()->sleeping.load(std::memory_order_relaxed)) {
+      uint64_t one = 1;
+      ssize_t ignored = ::write(p.doorbell.get(), &one, sizeof one);
+      (void)ignored;
+    }
+  }
+}
+
+void ShmTransport::sleep(const core::Deadline& deadline) {
+  SegmentHeader* h = mine_.header();
+  h->sleeping.store(1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // Whatever a peer published before it could see the flag is found by this pass.
+  if (progress_all()) {
+    h->sleeping.store(0, std::memory_order_relaxed);
+    return;
+  }
+  epoll_event events[16];
+  int n = epoll_wait(epoll_.get(), events, 16, deadline.remaining_ms(1000));
+  h->sleeping.store(0, std::memory_order_relaxed);
+  for (int i = 0; i < n; ++i) {
+    if (events[i].data.u64 == kDoorbellEvent) {
+      uint64_t v;
+      ssize_t ignored = ::read(doorbell_.get(), &v, sizeof v);
+      (void)ignored;
+      continue;
+    }
+    const int q = static_cast<int>(events[i].data.u64);
+    Peer& p = peers_[static_cast<size_t>(q)];
+    char buf[64];
+    ssize_t r = ::recv(p.in_sock.get(), buf, sizeof buf, MSG_DONTWAIT);
+    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+      epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, p.in_sock.get(), nullptr);
+      for (int ch = 0; ch < opts_.channels; ++ch) slot(q, ch)->set_peer_gone();
+    }
+  }
+}
+
+void ShmTransport::wait(Completion& c, const core::Deadline& deadline) {
+  using namespace std::chrono;
+  auto spin_until = core::Clock::now() + microseconds(opts_.spin_us);
+  // Primitives posted since the last pass may have moved eagerly and owe their peers a wake-up,
+  // even when c is already done.
+  flush_rings();
+  while (!c.done()) {
+    if (interrupted_.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> lock(interrupt_mu_);
+      throw Error(interrupt_reason_, ErrorCode::aborted);
+    }
+    const bool moved = progress_all();
+    if (c.done()) break;
+    // A peer is failing the job: fail this op now with its reason rather than at the deadline.
+    for (ShmLink* l : active_)
+      if (l->has_notice()) std::rethrow_exception(l->notice());
+    if (deadline.expired()) throw_timeout();
+    const auto now = core::Clock::now();
+    if (moved) {
+      spin_until = now + microseconds(opts_.spin_us);
+      continue;
+    }
+    if (now < spin_until) {
+      // Ranks outnumber cores: the data we wait for comes from a rank that needs this core.
+      if (opts_.yield_while_spinning) sched_yield();
+      continue;
+    }
+    sleep(deadline);
+  }
+}
+
+void ShmTransport::throw_timeout() {
+  for (ShmLink* l : active_)
+    if (l->has_pending_recv())
+      throw TimeoutError("timed out waiting for rank " + std::to_string(l->peer()));
+  for (ShmLink* l : active_)
+    if (l->has_pending_send())
+      throw TimeoutError("timed out waiting for rank " + std::to_string(l->peer()) +
+                         " to take our data");
+  throw TimeoutError("timed out");
+}
+
+void ShmTransport::abort(int code, int blamed_rank, const std::string& reason) {
+  if (aborted_) return;
+  aborted_ = true;
+  for (ShmLink* l : active_) l->fail(code, blamed_rank, reason);
+  // The peers may sleep: wake every one so that it reads the notice now.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  for (auto& p : peers_) {
+    if (!p.doorbell.valid()) continue;
+    uint64_t one = 1;
+    ssize_t ignored = ::write(p.doorbell.get(), &one, sizeof one);
+    (void)ignored;
+  }
+}
+
+std::exception_ptr ShmTransport::find_cause(std::chrono::milliseconds grace) {
+  const auto until = core::Clock::now() + grace;
+  for (;;) {
+    for (ShmLink* l : active_)
+      if (l->has_notice() && l->notice_code() != static_cast<int>(ErrorCode::peer))
+        return l->notice();
+    if (core::Clock::now() >= until) return nullptr;
+    usleep(1000);
+  }
+}
+
+void ShmTransport::interrupt(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(interrupt_mu_);
+    if (interrupted_.load()) return;
+    interrupt_reason_ = reason;
+  }
+  interrupted_.store(true, std::memory_order_release);
+  uint64_t one = 1;
+  ssize_t ignored = ::write(doorbell_.get(), &one, sizeof one);
+  (void)ignored;
+}
+
+}  // namespace ringreduce::transport::shm

@@ -1,0 +1,122 @@
+// Shared-memory transport for a communicator whose ranks all run on one host.
+//
+// Start-up: each rank creates a memfd segment for the FIFOs its peers write into (shm_layout.h)
+// and an eventfd doorbell, listens on an abstract Unix socket named after the communicator id and
+// its rank, and exchanges both fds with every peer (SCM_RIGHTS). Nothing is named in /dev/shm and
+// the abstract names vanish with their sockets, so a crash leaves nothing behind. The sockets stay
+// open for the communicator's life: a peer's socket closing is how its death is seen.
+//
+// Progress: the waiting thread polls its links (bounded spin, yielding when ranks outnumber
+// cores), then sleeps in epoll_wait on its doorbell and the peers' sockets. A rank that makes
+// progress possible for a sleeping peer (published a slot, or released one) writes the peer's
+// doorbell; a flag in the peer's segment says whether it sleeps, so a busy pair never makes a
+// syscall. (An eventfd rather than a bare futex, so that one epoll_wait covers the doorbell, the
+// peers' liveness and the interrupt.)
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/deadline.h"
+#include "core/fd.h"
+#include "ringreduce/store.h"
+#include "transport/link.h"
+#include "transport/shm/shm_layout.h"
+#include "transport/shm/shm_link.h"
+
+namespace ringreduce::transport::shm {
+
+struct ShmOptions {
+  int rank = 0;
+  int size = 1;
+  int channels = 1;
+  uint64_t comm_id = 0;
+  int spin_us = 50;
+  bool yield_while_spinning = false;
+};
+
+// An mmap'd region, unmapped on destruction.
+class Mapping {
+ public:
+  Mapping() = default;
+  Mapping(void* p, size_t n) : p_(p), n_(n) {}
+  ~Mapping();
+  Mapping(Mapping&& o) noexcept;
+  Mapping& operator=(Mapping&& o) noexcept;
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  void* get() const { return p_; }
+  SegmentHeader* header() const { return static_cast<SegmentHeader*>(p_); }
+
+ private:
+  void* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+class ShmTransport final : public Transport {
+ public:
+  // Every rank of the communicator must be on this host. Bounded by deadline.
+  ShmTransport(const ShmOptions& opts, Store& store, const core::Deadline& deadline);
+  ~ShmTransport() override;
+
+  int rank() const override { return opts_.rank; }
+  int size() const override { return opts_.size; }
+  int channels() const override { return opts_.channels; }
+  Link& link(int peer, int channel) override;
+  void begin_op(const OpTag& tag) override { tag_ = tag; }
+  void wait(Completion& c, const core::Deadline& deadline) override;
+  void abort(int code, int blamed_rank, const std::string& reason) override;
+  void interrupt(const std::string& reason) override;
+  std::exception_ptr find_cause(std::chrono::milliseconds grace) override;
+  void set_describer(std::function<std::string(const OpTag&)> f) override {
+    describe_ = std::move(f);
+  }
+
+  std::string describe(const OpTag& t) const { return describe_ ? describe_(t) : "an op"; }
+  const OpTag& tag() const { return tag_; }
+  // Called by links that published or released a slot: the peer is woken at the end of the pass
+  // if it sleeps.
+  void ring(int peer_index) { ring_[static_cast<size_t>(peer_index)] = 1; }
+
+ private:
+  void connect_peers(Store& store, const core::Deadline& deadline);
+  bool progress_all();
+  void flush_rings();
+  void sleep(const core::Deadline& deadline);
+  [[noreturn]] void throw_timeout();
+  ShmLink* slot(int peer, int channel) {
+    return links_[static_cast<size_t>(peer) * static_cast<size_t>(opts_.channels) +
+                  static_cast<size_t>(channel)]
+        .get();
+  }
+
+  ShmOptions opts_;
+  int my_index_ = 0;  // == rank: every rank is local
+  Mapping mine_;
+  core::Fd memfd_;
+  core::Fd doorbell_;  // our eventfd; peers write it, interrupt() too
+  core::Fd epoll_;
+  struct Peer {
+    Mapping segment;
+    core::Fd doorbell;
+    core::Fd out_sock;  // we connected: keeps the peer's view of us alive
+    core::Fd in_sock;   // it connected: closes when it goes
+  };
+  std::vector<Peer> peers_;  // by rank; empty for self
+  std::vector<std::unique_ptr<ShmLink>> links_;
+  std::vector<ShmLink*> active_;  // every link, for the progress loop
+  std::vector<uint8_t> ring_;
+  OpTag tag_;
+  std::function<std::string(const OpTag&)> describe_;
+  std::atomic<bool> interrupted_{false};
+  std::mutex interrupt_mu_;
+  std::string interrupt_reason_;
+  bool aborted_ = false;
+};
+
+}  // namespace ringreduce::transport::shm
