@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # shellcheck disable=SC2086  # word splitting of pid and package lists is intended
 # Compare ringreduce's allreduce over TCP loopback with peers measured in the same run:
-#   ringreduce   build/ringrun -n N build/ringreduce-perf allreduce ...   (out-of-place columns)
+#   ringreduce   RINGREDUCE_SHM=0 build/ringrun -n N build/ringreduce-perf allreduce ... (out of place)
 #   gloo         Gloo AllreduceRingChunked, gloo::transport::tcp on 127.0.0.1  (bench/peers)
 #   torch        torch.distributed all_reduce, backend gloo, /usr/bin/python3  (bench/peers)
 #   mpi          OpenMPI MPI_Allreduce forced onto the TCP BTL over lo        (bench/peers)
@@ -196,7 +196,8 @@ run_lib() {  # run_lib LIB N ROUND
         say "skip ringreduce: ringrun or ringreduce-perf not built yet (looked in $BUILD, $BUILD/tools)"
         return 0
       fi
-      run "$name" "$RUN_TIMEOUT" "$ringrun" -n "$n" "$perf" allreduce "${SIZES[@]}" -d float -o sum ||
+      # Over TCP loopback: on one host the library would otherwise pick shared memory.
+      RINGREDUCE_SHM=0 run "$name" "$RUN_TIMEOUT" "$ringrun" -n "$n" "$perf" allreduce "${SIZES[@]}" -d float -o sum ||
         true ;;
     gloo)
       if [ ! -x "$PEERS/gloo_allreduce" ]; then say "skip gloo: $PEERS/gloo_allreduce not built"; return 0; fi
