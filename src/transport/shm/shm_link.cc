@@ -9,8 +9,8 @@
 
 namespace ringreduce::transport::shm {
 
-ShmLink::ShmLink(ShmTransport* owner, int peer, int peer_index, Fifo in, Fifo out)
-    : owner_(owner), peer_(peer), peer_index_(peer_index), in_(in), out_(out) {}
+ShmLink::ShmLink(ShmTransport* owner, int peer, Fifo in, Fifo out)
+    : owner_(owner), peer_(peer), in_(in), out_(out) {}
 
 void ShmLink::peer_failed(const std::string& what) {
   if (has_notice()) std::rethrow_exception(notice());
@@ -57,7 +57,7 @@ void ShmLink::commit_out(const OpTag& tag, size_t message_bytes, bool first, siz
   // The slot's payload and meta are written before head moves: the owner reads them after an
   // acquire load of head.
   out_.control()->head.store(++out_head_, std::memory_order_release);
-  owner_->ring(peer_index_);
+  owner_->ring(peer_);
 }
 
 void ShmLink::publish(const OpTag& tag, size_t message_bytes, bool first, const char* src,
@@ -205,7 +205,7 @@ bool ShmLink::progress() {
     }
     // Done with the slot: hand the credit back.
     in_.control()->tail.store(++in_tail_, std::memory_order_release);
-    owner_->ring(peer_index_);
+    owner_->ring(peer_);
     op.done += n;
     op.started = true;
     any = true;
@@ -237,7 +237,7 @@ void ShmLink::fail(int code, int blamed_rank, const std::string& reason) {
     ctl->abort_blamed = blamed_rank;
     ctl->abort_state.store(1, std::memory_order_release);
   }
-  owner_->ring(peer_index_);
+  owner_->ring(peer_);
 }
 
 }  // namespace ringreduce::transport::shm

@@ -15,9 +15,8 @@ class ShmTransport;
 
 class ShmLink final : public Link {
  public:
-  ShmLink(ShmTransport* owner, int peer, int peer_index, Fifo in, Fifo out);
+  ShmLink(ShmTransport* owner, int peer, Fifo in, Fifo out);
   int peer() const override { return peer_; }
-  int peer_index() const { return peer_index_; }
 
   void send(const void* src, size_t bytes, Completion* c) override;
   void recv(void* dst, size_t bytes, Completion* c) override;
@@ -92,7 +91,6 @@ class ShmLink final : public Link {
 
   ShmTransport* owner_;
   int peer_;
-  int peer_index_;
   Fifo in_;                // peer -> us, in our segment
   Fifo out_;               // us -> peer, in the peer's segment
   uint64_t in_tail_ = 0;   // our release count (we are the only writer of in.tail)

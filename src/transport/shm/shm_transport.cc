@@ -117,7 +117,7 @@ Mapping& Mapping::operator=(Mapping&& o) noexcept {
 }
 
 ShmTransport::ShmTransport(const ShmOptions& opts, Store& store, const core::Deadline& deadline)
-    : opts_(opts), my_index_(opts.rank) {
+    : opts_(opts) {
   const size_t nfifos = static_cast<size_t>(opts_.size) * static_cast<size_t>(opts_.channels);
   const size_t total = kHeaderBytes + nfifos * kFifoStride;
   memfd_.reset(memfd_create("ringreduce-shm", MFD_CLOEXEC));
@@ -259,7 +259,7 @@ void ShmTransport::connect_peers(Store& store, const core::Deadline& deadline) {
       // Our FIFO from q lives in our segment at q's index; our FIFO to q in q's at ours.
       Fifo in = fifo_at(mine_.get(), static_cast<size_t>(q * opts_.channels + ch));
       Fifo out = fifo_at(peer.segment.get(), static_cast<size_t>(rank * opts_.channels + ch));
-      auto l = std::make_unique<ShmLink>(this, q, q, in, out);
+      auto l = std::make_unique<ShmLink>(this, q, in, out);
       active_.push_back(l.get());
       links_[static_cast<size_t>(q * opts_.channels + ch)] = std::move(l);
     }

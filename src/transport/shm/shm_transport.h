@@ -81,7 +81,7 @@ class ShmTransport final : public Transport {
   const OpTag& tag() const { return tag_; }
   // Called by links that published or released a slot: the peer is woken at the end of the pass
   // if it sleeps.
-  void ring(int peer_index) { ring_[static_cast<size_t>(peer_index)] = 1; }
+  void ring(int peer) { ring_[static_cast<size_t>(peer)] = 1; }
 
  private:
   void connect_peers(Store& store, const core::Deadline& deadline);
@@ -96,7 +96,6 @@ class ShmTransport final : public Transport {
   }
 
   ShmOptions opts_;
-  int my_index_ = 0;  // == rank: every rank is local
   Mapping mine_;
   core::Fd memfd_;
   core::Fd doorbell_;  // our eventfd; peers write it, interrupt() too
