@@ -49,6 +49,7 @@ struct Context {
   core::Deadline deadline;
   size_t segment_bytes;  // pipeline granularity, > 0
   int channels;          // 1 <= channels <= transport.channels()
+  bool sliced;           // post ring schedules slice by slice (ring_phases.h post_ring_steps)
   // A scratch buffer of at least `bytes`, owned by the communicator and reused across calls.
   std::function<void*(size_t bytes)> scratch;
 

@@ -24,12 +24,15 @@ void ring_allgather(Context& ctx, const Args& a) {
     const Range part = split(block, static_cast<size_t>(ctx.channels), static_cast<size_t>(ch));
     transport::Link& right = ctx.link(ctx.right(), ch);
     transport::Link& left = ctx.link(ctx.left(), ch);
-    auto segments = [&](int chunk, auto&& fn) {
-      for_each_block_segment(ctx, block, part, chunk, elem, fn);
-    };
-    segments(allgather_step(r, n, 0, kShift).send_chunk,
-             [&](size_t off, size_t bytes) { right.send(out + off, bytes, &done); });
-    post_ring_allgather_receives(left, right, r, n, kShift, out, segments, &done);
+    const RingCuts cuts = RingCuts::blocks(part, block, n, elem, ctx.segment_bytes);
+    // Step 0 sends our own block; steps 1..n-1 are the allgather steps 0..n-2.
+    post_ring_steps(ctx.sliced, n, cuts.slices(), [&](int step_index, size_t s) {
+      if (step_index == 0)
+        cuts.slice(allgather_step(r, n, 0, kShift).send_chunk, s,
+                   [&](size_t off, size_t bytes) { right.send(out + off, bytes, &done); });
+      else
+        post_ring_gather_step(left, right, cuts, r, n, kShift, step_index - 1, s, out, &done);
+    });
   }
   ctx.wait(done);
 }

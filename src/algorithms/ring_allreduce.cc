@@ -2,10 +2,9 @@
 // N-1 steps, every rank sending and receiving 2(N-1)/N of the buffer.
 //
 // The whole schedule is posted at once and the transport runs it as a pipeline: each chunk is cut
-// into segments, and a segment is forwarded as soon as it has been received and reduced, while
-// the next one is still arriving. Per link, messages keep their posting order, which is the
-// order the neighbour sends them: first the segments of step 0 (straight from the input), then
-// each forward in the order its receive completes.
+// into slices, and a slice is forwarded as soon as it has been received and reduced, while the
+// next one is still arriving. Per link, messages leave in posting order, which is the order the
+// neighbour receives them (post_ring_steps: step by step, or slice by slice).
 #include <cstring>
 
 #include "algorithms/algorithm.h"
@@ -31,28 +30,27 @@ void ring_allreduce(Context& ctx, const Args& a) {
     const Range part = split(a.count, static_cast<size_t>(ctx.channels), static_cast<size_t>(ch));
     transport::Link& right = ctx.link(ctx.right(), ch);
     transport::Link& left = ctx.link(ctx.left(), ch);
-    auto segments = [&](int chunk, auto&& fn) {
-      const Range c = split(part.count, static_cast<size_t>(n), static_cast<size_t>(chunk));
-      for_each_segment(part.offset + c.offset, c.count, elem, ctx.segment_bytes,
-                       [&](size_t off, size_t cnt) { fn(off * elem, cnt * elem); });
-    };
-
-    // Reduce-scatter, step 0: send our own contribution to the first chunk.
-    segments(reduce_scatter_step(r, n, 0).send_chunk,
-             [&](size_t off, size_t bytes) { right.send(in + off, bytes, &done); });
-    // Steps 0..n-2: receive a chunk, reduce our contribution into it, pass it on. At step n-2
-    // the chunk is complete ((r + 1) mod n, the one we own) and passing it on is the first step
-    // of the allgather.
-    for (int t = 0; t < n - 1; ++t) {
-      const transport::Reduction& red = t == n - 2 ? last : step;
-      segments(reduce_scatter_step(r, n, t).recv_chunk, [&](size_t off, size_t bytes) {
-        // Only the chunk completed at the last step stays in out; the others are overwritten by the
-        // allgather, so their partial sums need not touch it.
-        left.recv_reduce_send(out + off, in + off, bytes, red, right, t == n - 2, &done);
-      });
-    }
-    // Allgather: receive finished chunks and pass them on.
-    post_ring_allgather_receives(left, right, r, n, 0, out, segments, &done);
+    const RingCuts cuts = RingCuts::split_chunks(part, n, elem, ctx.segment_bytes);
+    // Steps: 0 sends our own contribution to the first chunk; 1..n-1 are reduce-scatter steps
+    // 0..n-2 (receive a chunk, reduce our contribution into it, pass it on); n..2n-2 are the
+    // allgather steps. At reduce-scatter step n-2 the chunk is complete ((r + 1) mod n, the one
+    // we own) and passing it on is the first step of the allgather.
+    post_ring_steps(ctx.sliced, 2 * n - 1, cuts.slices(), [&](int step_index, size_t s) {
+      if (step_index == 0) {
+        cuts.slice(reduce_scatter_step(r, n, 0).send_chunk, s,
+                   [&](size_t off, size_t bytes) { right.send(in + off, bytes, &done); });
+      } else if (step_index < n) {
+        const int t = step_index - 1;
+        const transport::Reduction& red = t == n - 2 ? last : step;
+        cuts.slice(reduce_scatter_step(r, n, t).recv_chunk, s, [&](size_t off, size_t bytes) {
+          // Only the chunk completed at the last step stays in out; the others are overwritten
+          // by the allgather, so their partial sums need not touch it.
+          left.recv_reduce_send(out + off, in + off, bytes, red, right, t == n - 2, &done);
+        });
+      } else {
+        post_ring_gather_step(left, right, cuts, r, n, 0, step_index - n, s, out, &done);
+      }
+    });
   }
   ctx.wait(done);
 }

@@ -30,23 +30,28 @@ void ring_reduce_scatter(Context& ctx, const Args& a) {
     const Range part = split(block, static_cast<size_t>(ctx.channels), static_cast<size_t>(ch));
     transport::Link& right = ctx.link(ctx.right(), ch);
     transport::Link& left = ctx.link(ctx.left(), ch);
-    auto segments = [&](int chunk, auto&& fn) {
-      for_each_block_segment(ctx, block, part, chunk, elem, fn);
-    };
-    segments(reduce_scatter_step(r, n, 0, kShift).send_chunk,
-             [&](size_t off, size_t bytes) { right.send(in + off, bytes, &done); });
-    for (int t = 0; t < n - 1; ++t) {
+    const RingCuts cuts = RingCuts::blocks(part, block, n, elem, ctx.segment_bytes);
+    // Step 0 sends our contribution to the first block; steps 1..n-1 are reduce-scatter steps
+    // 0..n-2.
+    post_ring_steps(ctx.sliced, n, cuts.slices(), [&](int step_index, size_t s) {
+      if (step_index == 0) {
+        cuts.slice(reduce_scatter_step(r, n, 0, kShift).send_chunk, s,
+                   [&](size_t off, size_t bytes) { right.send(in + off, bytes, &done); });
+        return;
+      }
+      const int t = step_index - 1;
       const int chunk = reduce_scatter_step(r, n, t, kShift).recv_chunk;
-      segments(chunk, [&](size_t off, size_t bytes) {
+      cuts.slice(chunk, s, [&](size_t off, size_t bytes) {
         if (t < n - 2) {
-          left.recv_reduce_send(partial + off, in + off, bytes, step, right, /*keep=*/false, &done);
+          left.recv_reduce_send(partial + off, in + off, bytes, step, right, /*keep=*/false,
+                                &done);
         } else {
           // chunk == r: the finished block lands in the output.
           left.recv_reduce(out + off - static_cast<size_t>(chunk) * block * elem, in + off, bytes,
                            last, &done);
         }
       });
-    }
+    });
   }
   ctx.wait(done);
 }

@@ -187,7 +187,7 @@ CommImpl::CommImpl(const Options& options) : config_(overrides_from(options)) {
     link_kind_ = "tcp";
   }
   transport_->set_describer([this](const transport::OpTag& t) { return describe(t); });
-  tuner_ = std::make_unique<tuner::Tuner>(config_, size_, static_cast<int>(channels));
+  tuner_ = std::make_unique<tuner::Tuner>(config_, size_, static_cast<int>(channels), use_shm);
   RR_LOG(info, rank_, "communicator ready: ", size_, " ranks over ", link_kind_);
 }
 
@@ -273,6 +273,7 @@ std::shared_ptr<OpState> CommImpl::submit(const algorithms::Args& args, const Ca
   t.algo = op->plan.algorithm->id;
   t.segment_bytes = op->plan.segment_bytes;
   t.channels = static_cast<uint16_t>(op->plan.channels);
+  t.flags = op->plan.sliced ? transport::kTagSliced : 0;
 
   std::unique_lock<std::mutex> lk(mu_);
   t.seq = next_seq_++;
@@ -381,6 +382,7 @@ void CommImpl::run(OpState& op) {
                               core::Deadline::after(op.timeout),
                               op.plan.segment_bytes,
                               op.plan.channels,
+                              op.plan.sliced,
                               [this](size_t bytes) { return scratch(bytes); }};
       const auto started = core::Clock::now();
       RR_LOG(trace, rank_, op.description, ": ", op.plan.algorithm->name, ", segments of ",

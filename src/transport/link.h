@@ -3,8 +3,10 @@
 // Algorithms are written against the non-blocking primitives of Link (DESIGN.md "Transport
 // primitives"). Each primitive is posted, not performed: it is queued on the link and finished by
 // the transport's progress engine while the algorithm waits on a Completion. Posting never
-// blocks. Per link, sends complete in the order they were posted and receives match the peer's
-// sends in order, so two ranks running the same schedule agree on every message without tags.
+// blocks. Per link, messages go out in the order they were posted, a forward (recv_reduce_send,
+// recv_copy_send) taking its place on `next` when its receive is posted; receives match the
+// peer's messages in order. So two ranks running the same schedule agree on every message
+// without tags, whatever order the schedule posts in.
 #pragma once
 
 #include <chrono>
@@ -48,12 +50,13 @@ struct OpTag {
   uint8_t op = 0;
   uint8_t algo = 0;
   uint16_t channels = 0;
-  uint16_t reserved0 = 0;
+  uint16_t flags = 0;  // kTagSliced: the ring schedule was posted slice by slice
   uint32_t reserved1 = 0;
   uint64_t reserved2 = 0;
   bool operator==(const OpTag&) const = default;
 };
 static_assert(sizeof(OpTag) == 48, "OpTag is part of the wire format");
+inline constexpr uint16_t kTagSliced = 1;
 
 class Link {
  public:
@@ -67,7 +70,7 @@ class Link {
   // dst = local (op) incoming; dst may equal local.
   virtual void recv_reduce(void* dst, const void* local, size_t bytes, const Reduction& r,
                            Completion* c) = 0;
-  // local (op) incoming is sent on next (after everything already posted there). With keep, dst
+  // local (op) incoming is sent on next (after everything posted there before). With keep, dst
   // also receives the result; without, dst is scratch the transport may use to stage the result
   // or leave untouched (shared memory writes straight into next's slot), and callers must not
   // read it afterwards. c counts once and is done when the forward has been sent.

@@ -29,8 +29,9 @@ Collective parse_collective(const std::string& s) {
 
 }  // namespace
 
-Tuner::Tuner(const core::Config& config, int world_size, int transport_channels)
-    : size_(world_size), channels_(transport_channels) {
+Tuner::Tuner(const core::Config& config, int world_size, int transport_channels,
+             bool shared_memory)
+    : size_(world_size), channels_(transport_channels), shared_memory_(shared_memory) {
   if (config.has("RINGREDUCE_SEGMENT_BYTES")) {
     forced_segment_ = config.size("RINGREDUCE_SEGMENT_BYTES");
     if (forced_segment_ == 0) throw InvalidArgument("RINGREDUCE_SEGMENT_BYTES must be > 0");
@@ -88,6 +89,9 @@ Plan Tuner::choose(const algorithms::Args& args) const {
   // segment, so they keep a quarter of the buffer, clamped to 64-512 KiB.
   const bool ring = args.kind == Collective::allreduce || args.kind == Collective::reduce_scatter ||
                     args.kind == Collective::allgather;
+  // Shared memory forwards a slice the moment it arrives only if the schedule is posted slice by
+  // slice (otherwise the forwards queue behind a whole chunk of first sends and go through DRAM).
+  plan.sliced = ring && shared_memory_;
   if (forced_segment_ > 0)
     plan.segment_bytes = forced_segment_;
   else if (ring)

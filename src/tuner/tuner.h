@@ -15,18 +15,21 @@ struct Plan {
   const algorithms::Algorithm* algorithm = nullptr;
   size_t segment_bytes = 0;
   int channels = 1;
+  bool sliced = false;  // post ring schedules slice by slice (algorithms/ring_phases.h)
 };
 
 class Tuner {
  public:
   // Reads RINGREDUCE_ALGO ("ring", or per collective "allreduce:ring,broadcast:chain"),
   // RINGREDUCE_SEGMENT_BYTES and RINGREDUCE_CHANNELS; InvalidArgument names a bad value.
-  Tuner(const core::Config& config, int world_size, int transport_channels);
+  // shared_memory: every link is a shared-memory one (one host).
+  Tuner(const core::Config& config, int world_size, int transport_channels, bool shared_memory);
   Plan choose(const algorithms::Args& args) const;
 
  private:
   int size_;
   int channels_;
+  bool shared_memory_;
   size_t forced_segment_ = 0;
   std::map<algorithms::Collective, const algorithms::Algorithm*> forced_;
 };

@@ -29,7 +29,7 @@ inline constexpr uint32_t kShmVersion = 1;
 // 256-512 KiB slots reached 85-90% of the memory-bandwidth floor; a full-size staging copy costs
 // 3x). Slots are multiples of 64 bytes, so every slot boundary is an element boundary.
 inline constexpr size_t kSlotBytes = 256 << 10;
-inline constexpr uint32_t kSlots = 4;
+inline constexpr uint32_t kSlots = 16;
 inline constexpr size_t kMaxAbortReason = 2048;
 inline constexpr size_t kPage = 4096;
 

@@ -69,37 +69,42 @@ void ShmLink::publish(const OpTag& tag, size_t message_bytes, bool first, const 
 // ---------------------------------------------------------------------------------------------
 // Posting
 
-void ShmLink::send(const void* src, size_t bytes, Completion* c) {
+ShmLink::SendOp* ShmLink::push_send(const char* src, size_t bytes, size_t ready, Completion* c) {
   if (failed_) throw Error("send on a failed link to rank " + std::to_string(peer_));
   if (peer_gone_) peer_failed("exited (its shared-memory connection closed)");
-  if (c) ++c->outstanding;
-  sends_.push_back({static_cast<const char*>(src), bytes, 0, bytes, true, c, owner_->tag()});
+  ++c->outstanding;
+  sends_.push_back({src, bytes, 0, ready, c, owner_->tag()});
+  return &sends_.back();
+}
+
+void ShmLink::send(const void* src, size_t bytes, Completion* c) {
+  push_send(static_cast<const char*>(src), bytes, bytes, c);
   // Eager: a free slot is usually there, and writing now saves a pass of the progress loop.
   if (sends_.size() == 1) progress();
 }
 
-void ShmLink::queue_piece(const char* src, size_t n, size_t message_bytes, bool first,
-                          Completion* c) {
-  ++c->outstanding;
-  sends_.push_back({src, n, 0, message_bytes, first, c, owner_->tag()});
-}
-
 void ShmLink::post_recv(RecvOp op) {
   if (failed_) throw Error("receive on a failed link to rank " + std::to_string(peer_));
+  // The forward takes its place in next's queue now: messages leave in posting order.
+  if (op.next) {
+    op.fwd = op.next->push_send(op.dst, op.bytes, 0, op.c);
+    // An empty message has nothing to forward: its place in next's queue is all it needs.
+    if (op.bytes == 0) op.kind = RecvKind::plain, op.next = nullptr, op.fwd = nullptr;
+  }
   ++op.c->outstanding;
   recvs_.push_back(op);
   if (recvs_.size() == 1) progress();
 }
 
 void ShmLink::recv(void* dst, size_t bytes, Completion* c) {
-  post_recv(
-      {RecvKind::plain, static_cast<char*>(dst), nullptr, bytes, 0, false, true, {}, nullptr, c});
+  post_recv({RecvKind::plain, static_cast<char*>(dst), nullptr, bytes, 0, false, true, {}, nullptr,
+             nullptr, c});
 }
 
 void ShmLink::recv_reduce(void* dst, const void* local, size_t bytes, const Reduction& r,
                           Completion* c) {
   post_recv({RecvKind::reduce, static_cast<char*>(dst), static_cast<const char*>(local), bytes, 0,
-             false, true, r, nullptr, c});
+             false, true, r, nullptr, nullptr, c});
 }
 
 ShmLink* ShmLink::shm_next(Link& next) {
@@ -111,20 +116,12 @@ ShmLink* ShmLink::shm_next(Link& next) {
 void ShmLink::recv_reduce_send(void* dst, const void* local, size_t bytes, const Reduction& r,
                                Link& next, bool keep, Completion* c) {
   post_recv({RecvKind::reduce_send, static_cast<char*>(dst), static_cast<const char*>(local), bytes,
-             0, false, keep, r, shm_next(next), c});
+             0, false, keep, r, shm_next(next), nullptr, c});
 }
 
 void ShmLink::recv_copy_send(void* dst, size_t bytes, Link& next, Completion* c) {
-  post_recv({RecvKind::copy_send,
-             static_cast<char*>(dst),
-             nullptr,
-             bytes,
-             0,
-             false,
-             true,
-             {},
-             shm_next(next),
-             c});
+  post_recv({RecvKind::copy_send, static_cast<char*>(dst), nullptr, bytes, 0, false, true, {},
+             shm_next(next), nullptr, c});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -138,19 +135,40 @@ void ShmLink::check_gone() {
   peer_failed("exited (its shared-memory connection closed)");
 }
 
-bool ShmLink::progress() {
+bool ShmLink::can_forward_now(const SendOp* f) {
+  // In order: f is the next message out, nothing of it waits staged, and a slot is free.
+  return !sends_.empty() && &sends_.front() == f && f->ready == f->done && out_has_credit();
+}
+
+void ShmLink::forwarded(SendOp* f, size_t n) {
+  f->done += n;
+  f->ready = f->done;
+  if (f->done == f->bytes) {
+    --f->c->outstanding;
+    sends_.pop_front();
+  }
+}
+
+bool ShmLink::progress_sends() {
   bool any = false;
   while (!sends_.empty() && out_has_credit()) {
     SendOp& op = sends_.front();
-    const size_t n = std::min(kSlotBytes, op.bytes - op.done);
-    publish(op.tag, op.message_bytes, op.first && op.done == 0, op.src + op.done, n);
+    // A forward whose bytes have not arrived yet holds back everything posted after it.
+    if (op.ready == op.done && op.bytes > 0) break;
+    const size_t n = std::min(kSlotBytes, op.ready - op.done);
+    publish(op.tag, op.bytes, op.done == 0, op.src + op.done, n);
     op.done += n;
     any = true;
     if (op.done == op.bytes) {
-      if (op.c) --op.c->outstanding;
+      --op.c->outstanding;
       sends_.pop_front();
     }
   }
+  return any;
+}
+
+bool ShmLink::progress(bool stage) {
+  bool any = progress_sends();
   while (!recvs_.empty() && in_has_data()) {
     RecvOp& op = recvs_.front();
     const SlotMeta* m = in_.meta(in_tail_);
@@ -169,9 +187,9 @@ bool ShmLink::progress() {
     if (n > op.bytes - op.done || n > kSlotBytes) peer_failed("overran its message");
     const char* src = in_.data(in_tail_);
     const size_t elem = dtype_size(op.red.dtype);
-    const bool first = !op.started;
-    // Straight into next's slot only in order (nothing queued there) and with a free slot.
-    const bool direct = op.next != nullptr && op.next->sends_.empty() && op.next->out_has_credit();
+    const bool direct = op.next != nullptr && op.next->can_forward_now(op.fwd);
+    // A forward that cannot go out now waits in our FIFO, unless asked to stage (see header).
+    if (op.next != nullptr && !direct && !stage) break;
     switch (op.kind) {
       case RecvKind::plain:
         std::memcpy(op.dst + op.done, src, n);
@@ -184,10 +202,12 @@ bool ShmLink::progress() {
       }
       case RecvKind::copy_send:
         std::memcpy(op.dst + op.done, src, n);
-        if (direct)
-          op.next->publish(owner_->tag(), op.bytes, first, src, n);
-        else
-          op.next->queue_piece(op.dst + op.done, n, op.bytes, first, op.c);
+        if (direct) {
+          op.next->publish(owner_->tag(), op.bytes, op.done == 0, src, n);
+          op.next->forwarded(op.fwd, n);
+        } else {
+          op.fwd->ready += n;
+        }
         break;
       case RecvKind::reduce_send: {
         // One pass: the left neighbour's slot and our chunk in, the right neighbour's slot out.
@@ -196,9 +216,10 @@ bool ShmLink::progress() {
         if (op.red.divide_by > 1) reduce::divide(d, d, n / elem, op.red.dtype, op.red.divide_by);
         if (direct) {
           if (op.keep) std::memcpy(op.dst + op.done, d, n);
-          op.next->commit_out(owner_->tag(), op.bytes, first, n);
+          op.next->commit_out(owner_->tag(), op.bytes, op.done == 0, n);
+          op.next->forwarded(op.fwd, n);
         } else {
-          op.next->queue_piece(d, n, op.bytes, first, op.c);
+          op.fwd->ready += n;
         }
         break;
       }
@@ -213,6 +234,8 @@ bool ShmLink::progress() {
       --op.c->outstanding;
       recvs_.pop_front();
     }
+    // Staged bytes go out as soon as next has room.
+    if (!direct && op.next) op.next->progress_sends();
   }
   if (!any) check_gone();
   return any;

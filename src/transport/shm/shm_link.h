@@ -23,18 +23,23 @@ class ShmLink final : public Link {
   void recv_reduce(void* dst, const void* local, size_t bytes, const Reduction& r,
                    Completion* c) override;
   // Fused: reads the incoming slot and `local`, and writes the result straight into next's
-  // outgoing slot (one pass instead of three; dst is written only with keep). When next cannot
-  // take it now (earlier sends still queued there, or no free slot) the result goes to dst and is
-  // queued on next instead: a receive never waits for a forward, which is what keeps a ring of
-  // bounded FIFOs free of deadlock whatever order the algorithm posts in.
+  // outgoing slot (one pass instead of three; dst is written only with keep). The forward holds
+  // its place in next's queue from posting on; it goes straight out when it reaches the front of
+  // that queue and next has a free slot. Otherwise the receive waits, unless progress(stage)
+  // asks it to stage: the result then goes to dst and is sent from there later. Staging is what
+  // keeps any schedule free of deadlock (a receive need never wait for a forward); a schedule
+  // posted slice by slice rarely needs it (ShmTransport::wait stages only before sleeping).
   void recv_reduce_send(void* dst, const void* local, size_t bytes, const Reduction& r, Link& next,
                         bool keep, Completion* c) override;
   // Fused: copies each incoming slot into dst and into next's outgoing slot.
   void recv_copy_send(void* dst, size_t bytes, Link& next, Completion* c) override;
 
-  // Moves what can move now without waiting. Returns whether anything moved. Throws
-  // MismatchError / PeerError on a mismatched or failed peer.
-  bool progress();
+  // Moves what can move now without waiting; with stage, fused receives that cannot forward
+  // straight away stage their result in dst instead of waiting. Returns whether anything moved.
+  // Throws MismatchError / PeerError on a mismatched or failed peer.
+  bool progress(bool stage = false);
+  // The send half of progress(): publishes what is ready while slots are free.
+  bool progress_sends();
   bool idle() const { return sends_.empty() && recvs_.empty(); }
   bool has_pending_recv() const { return !recvs_.empty(); }
   bool has_pending_send() const { return !sends_.empty(); }
@@ -54,6 +59,17 @@ class ShmLink final : public Link {
 
  private:
   enum class RecvKind : uint8_t { plain, reduce, copy_send, reduce_send };
+  // A message to send: an explicit send (all of it ready at src) or a forward, whose bytes become
+  // ready as its receive produces them, either straight into our slots (ready == done) or staged
+  // at src (ready > done: those go out first).
+  struct SendOp {
+    const char* src;
+    size_t bytes;  // of the message
+    size_t done;   // published
+    size_t ready;  // available at src (or written directly: then equal to done)
+    Completion* c;
+    OpTag tag;
+  };
   struct RecvOp {
     RecvKind kind;
     char* dst;
@@ -64,19 +80,13 @@ class ShmLink final : public Link {
     bool keep;
     Reduction red;
     ShmLink* next;
+    SendOp* fwd;  // the forward's place in next's queue (deque elements do not move)
     Completion* c;
   };
-  // A message, or a piece of one that a fused receive could not forward straight away.
-  struct SendOp {
-    const char* src;
-    size_t bytes;  // of this piece
-    size_t done;
-    size_t message_bytes;  // of the whole message
-    bool first;            // the piece starts the message
-    Completion* c;
-    OpTag tag;
-  };
-  void queue_piece(const char* src, size_t n, size_t message_bytes, bool first, Completion* c);
+  SendOp* push_send(const char* src, size_t bytes, size_t ready, Completion* c);
+  // Whether a fused receive may write the next n bytes of forward f straight into our slot.
+  bool can_forward_now(const SendOp* f);
+  void forwarded(SendOp* f, size_t n);
 
   void post_recv(RecvOp op);
   static ShmLink* shm_next(Link& next);

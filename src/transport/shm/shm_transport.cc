@@ -275,10 +275,10 @@ Link& ShmTransport::link(int peer, int channel) {
   return *l;
 }
 
-bool ShmTransport::progress_all() {
+bool ShmTransport::progress_all(bool stage) {
   bool any = false;
   for (ShmLink* l : active_)
-    if (!l->idle() || l->peer_gone()) any |= l->progress();
+    if (!l->idle() || l->peer_gone()) any |= l->progress(stage);
   flush_rings();
   return any;
 }
@@ -306,8 +306,10 @@ void ShmTransport::sleep(const core::Deadline& deadline) {
   SegmentHeader* h = mine_.header();
   h->sleeping.store(1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  // Whatever a peer published before it could see the flag is found by this pass.
-  if (progress_all()) {
+  // Whatever a peer published before it could see the flag is found by this pass. Nothing has
+  // moved for a while: forwards that wait for room stage their data instead (see ShmLink), which
+  // is what guarantees progress whatever order the algorithm posted in.
+  if (progress_all(/*stage=*/true)) {
     h->sleeping.store(0, std::memory_order_relaxed);
     return;
   }

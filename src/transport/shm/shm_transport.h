@@ -85,7 +85,7 @@ class ShmTransport final : public Transport {
 
  private:
   void connect_peers(Store& store, const core::Deadline& deadline);
-  bool progress_all();
+  bool progress_all(bool stage = false);
   void flush_rings();
   void sleep(const core::Deadline& deadline);
   [[noreturn]] void throw_timeout();

@@ -49,14 +49,14 @@ uint32_t TcpLink::wanted_events() const {
   // Keep reading while the inbox has room: that is how an abort notice from the peer is seen even
   // when no receive is posted. A full inbox with nothing to drain it waits for a post.
   if (inbox_end_ < kInboxBytes || inbox_begin_ > 0 || !recvs_.empty()) ev |= EPOLLIN;
-  if (!sends_.empty()) ev |= EPOLLOUT;
+  if (!sends_.empty() && sends_.front().ready) ev |= EPOLLOUT;
   return ev;
 }
 
 // ---------------------------------------------------------------------------------------------
 // Sending
 
-void TcpLink::enqueue_send(const void* src, size_t bytes, Completion* c) {
+TcpLink::SendOp* TcpLink::enqueue_send(const void* src, size_t bytes, Completion* c, bool ready) {
   SendOp op;
   op.header.channel = static_cast<uint16_t>(channel_);
   op.header.payload_bytes = bytes;
@@ -65,11 +65,21 @@ void TcpLink::enqueue_send(const void* src, size_t bytes, Completion* c) {
   op.bytes = bytes;
   op.written = 0;
   op.c = c;
+  op.ready = ready;
   if (c) ++c->outstanding;
   const bool was_idle = sends_.empty();
   sends_.push_back(op);
+  SendOp* placed = &sends_.back();
+  if (!ready) return placed;
   // Eager: an idle socket usually has room, and writing now saves an epoll round trip.
   if (was_idle) on_writable();
+  owner_->update_interest(*this);
+  return placed;
+}
+
+void TcpLink::release_forward(SendOp* f) {
+  f->ready = true;
+  if (&sends_.front() == f) on_writable();
   owner_->update_interest(*this);
 }
 
@@ -83,13 +93,14 @@ void TcpLink::send(const void* src, size_t bytes, Completion* c) {
 
 void TcpLink::on_writable() {
   size_t budget = kIoBudget;
-  while (!sends_.empty() && budget > 0) {
+  while (!sends_.empty() && sends_.front().ready && budget > 0) {
     // Gather as many queued frames as fit in one sendmsg: small messages then cost one syscall
     // for many frames.
     iovec iov[kMaxIov];
     int n = 0;
     size_t total = 0;
-    for (auto it = sends_.begin(); it != sends_.end() && n + 2 <= kMaxIov && total < budget; ++it) {
+    for (auto it = sends_.begin();
+         it != sends_.end() && it->ready && n + 2 <= kMaxIov && total < budget; ++it) {
       size_t hdr = sizeof(FrameHeader);
       if (it->written < hdr) {
         iov[n++] = {reinterpret_cast<char*>(&it->header) + it->written, hdr - it->written};
@@ -139,6 +150,8 @@ void TcpLink::on_writable() {
 
 void TcpLink::post_recv(RecvOp op) {
   if (failed_) throw Error("receive on a failed link to rank " + std::to_string(peer_));
+  // The forward takes its place in next's queue now: frames leave in posting order.
+  if (op.next) op.fwd = op.next->enqueue_send(op.dst, op.bytes, op.c, /*ready=*/false);
   ++op.c->outstanding;
   recvs_.push_back(op);
   // What already sits in the inbox may complete it without a syscall.
@@ -148,19 +161,19 @@ void TcpLink::post_recv(RecvOp op) {
 }
 
 void TcpLink::recv(void* dst, size_t bytes, Completion* c) {
-  post_recv({RecvKind::plain, static_cast<char*>(dst), nullptr, bytes, 0, {}, nullptr, c});
+  post_recv({RecvKind::plain, static_cast<char*>(dst), nullptr, bytes, 0, {}, nullptr, nullptr, c});
 }
 
 void TcpLink::recv_reduce(void* dst, const void* local, size_t bytes, const Reduction& r,
                           Completion* c) {
   post_recv({RecvKind::reduce, static_cast<char*>(dst), static_cast<const char*>(local), bytes, 0,
-             r, nullptr, c});
+             r, nullptr, nullptr, c});
 }
 
 void TcpLink::recv_reduce_send(void* dst, const void* local, size_t bytes, const Reduction& r,
                                Link& next, bool /*keep: dst always holds it*/, Completion* c) {
   post_recv({RecvKind::reduce_send, static_cast<char*>(dst), static_cast<const char*>(local), bytes,
-             0, r, &static_cast<TcpLink&>(next), c});
+             0, r, &static_cast<TcpLink&>(next), nullptr, c});
 }
 
 void TcpLink::recv_copy_send(void* dst, size_t bytes, Link& next, Completion* c) {
@@ -171,6 +184,7 @@ void TcpLink::recv_copy_send(void* dst, size_t bytes, Link& next, Completion* c)
              0,
              {},
              &static_cast<TcpLink&>(next),
+             nullptr,
              c});
 }
 
@@ -179,10 +193,8 @@ void TcpLink::finish_recv() {
   recvs_.pop_front();
   in_header_ready_ = false;
   in_header_checked_ = false;
-  if (op.kind == RecvKind::copy_send || op.kind == RecvKind::reduce_send) {
-    // The completion now waits for the forward instead: hand the count over to the send.
-    op.next->enqueue_send(op.dst, op.bytes, op.c);
-  }
+  // The forward, queued at posting, may go now; the completion waits for it too.
+  if (op.next) op.next->release_forward(op.fwd);
   --op.c->outstanding;
 }
 

@@ -62,6 +62,14 @@ class TcpLink final : public Link {
 
  private:
   enum class RecvKind : uint8_t { plain, reduce, copy_send, reduce_send };
+  struct SendOp {
+    FrameHeader header;
+    const char* data;
+    size_t bytes;    // payload bytes
+    size_t written;  // of header + payload
+    Completion* c;   // may be null (abort notice)
+    bool ready;      // false for a forward whose receive has not finished: it holds the queue
+  };
   struct RecvOp {
     RecvKind kind;
     char* dst;
@@ -70,18 +78,14 @@ class TcpLink final : public Link {
     size_t done;
     Reduction red;
     TcpLink* next;
+    SendOp* fwd;  // the forward's place in next's queue (deque elements do not move)
     Completion* c;
-  };
-  struct SendOp {
-    FrameHeader header;
-    const char* data;
-    size_t bytes;    // payload bytes
-    size_t written;  // of header + payload
-    Completion* c;   // may be null (abort notice)
   };
 
   void post_recv(RecvOp op);
-  void enqueue_send(const void* src, size_t bytes, Completion* c);
+  // Queues a frame; a forward is queued not ready, at posting, and released by its receive.
+  SendOp* enqueue_send(const void* src, size_t bytes, Completion* c, bool ready = true);
+  void release_forward(SendOp* f);
   // Consumes what the inbox holds into posted receives, until it needs more bytes.
   void drain_inbox();
   void finish_recv();
