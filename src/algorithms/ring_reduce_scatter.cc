@@ -43,8 +43,7 @@ void ring_reduce_scatter(Context& ctx, const Args& a) {
       const int chunk = reduce_scatter_step(r, n, t, kShift).recv_chunk;
       cuts.slice(chunk, s, [&](size_t off, size_t bytes) {
         if (t < n - 2) {
-          left.recv_reduce_send(partial + off, in + off, bytes, step, right, /*keep=*/false,
-                                &done);
+          left.recv_reduce_send(partial + off, in + off, bytes, step, right, /*keep=*/false, &done);
         } else {
           // chunk == r: the finished block lands in the output.
           left.recv_reduce(out + off - static_cast<size_t>(chunk) * block * elem, in + off, bytes,

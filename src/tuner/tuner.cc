@@ -29,8 +29,7 @@ Collective parse_collective(const std::string& s) {
 
 }  // namespace
 
-Tuner::Tuner(const core::Config& config, int world_size, int transport_channels,
-             bool shared_memory)
+Tuner::Tuner(const core::Config& config, int world_size, int transport_channels, bool shared_memory)
     : size_(world_size), channels_(transport_channels), shared_memory_(shared_memory) {
   if (config.has("RINGREDUCE_SEGMENT_BYTES")) {
     forced_segment_ = config.size("RINGREDUCE_SEGMENT_BYTES");

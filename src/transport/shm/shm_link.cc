@@ -97,8 +97,17 @@ void ShmLink::post_recv(RecvOp op) {
 }
 
 void ShmLink::recv(void* dst, size_t bytes, Completion* c) {
-  post_recv({RecvKind::plain, static_cast<char*>(dst), nullptr, bytes, 0, false, true, {}, nullptr,
-             nullptr, c});
+  post_recv({RecvKind::plain,
+             static_cast<char*>(dst),
+             nullptr,
+             bytes,
+             0,
+             false,
+             true,
+             {},
+             nullptr,
+             nullptr,
+             c});
 }
 
 void ShmLink::recv_reduce(void* dst, const void* local, size_t bytes, const Reduction& r,
@@ -120,8 +129,17 @@ void ShmLink::recv_reduce_send(void* dst, const void* local, size_t bytes, const
 }
 
 void ShmLink::recv_copy_send(void* dst, size_t bytes, Link& next, Completion* c) {
-  post_recv({RecvKind::copy_send, static_cast<char*>(dst), nullptr, bytes, 0, false, true, {},
-             shm_next(next), nullptr, c});
+  post_recv({RecvKind::copy_send,
+             static_cast<char*>(dst),
+             nullptr,
+             bytes,
+             0,
+             false,
+             true,
+             {},
+             shm_next(next),
+             nullptr,
+             c});
 }
 
 // ---------------------------------------------------------------------------------------------
