@@ -153,7 +153,21 @@ struct Bench {
   ReduceOp op;
   size_t count;  // total elements (size / elem), a multiple of n where the collective needs it
   size_t block;  // per-rank elements for the block collectives
-  std::vector<char> send, recv;
+  // Page-aligned, like the buffers users pass (torch allocates 64-byte aligned tensors, nccl-tests
+  // cudaMalloc'd ones); malloc's 16-byte offset would time split vector loads instead.
+  struct Buffer {
+    std::unique_ptr<char, decltype(&std::free)> p{nullptr, &std::free};
+    size_t n = 0;
+    void assign(size_t bytes, char v) {
+      p.reset(static_cast<char*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096)));
+      if (!p) throw std::bad_alloc();
+      n = bytes;
+      std::memset(p.get(), v, bytes);
+    }
+    char* data() { return p.get(); }
+    size_t size() const { return n; }
+  };
+  Buffer send, recv;
 
   size_t elem() const { return dtype_size(dtype); }
   int n() const { return comm.size(); }

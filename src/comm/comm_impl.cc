@@ -171,6 +171,9 @@ CommImpl::CommImpl(const Options& options) : config_(overrides_from(options)) {
     sopts.channels = static_cast<int>(channels);
     sopts.spin_us = spin_us;
     sopts.yield_while_spinning = oversubscribed;
+    // Enough yields for every rank that shares this core to run twice.
+    if (oversubscribed)
+      sopts.max_idle_yields = 4 * static_cast<int>((local_size + cores - 1) / cores);
     transport_ = std::make_unique<transport::shm::ShmTransport>(sopts, *store_, deadline);
     link_kind_ = "shm";
   } else {

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "ringreduce/error.h"
+#include "transport/shm/shm_layout.h"
 
 namespace ringreduce::tuner {
 
@@ -16,6 +17,11 @@ namespace {
 // from 1 MiB (1.1 ms against 1.5 ms).
 constexpr size_t kRecursiveDoublingMaxBytes = 512 << 10;
 constexpr size_t kSegmentBytes = 512 << 10;
+// Shared memory: one FIFO slot per message. Interleaved medians of 3 rounds at N=2, 4, 8 and
+// 1-256 MiB (docs/PERFORMANCE.md): 4 slots of 256 KiB with 256 KiB messages were best or within
+// noise of the best everywhere; 512 KiB messages (two slots each) lost 5-20% at N=4 and 8, and
+// 8 or 16 slots per FIFO lost up to 2x at N=8 (more staging than two L2s hold).
+constexpr size_t kShmSegmentBytes = transport::shm::kSlotBytes;
 
 const Collective kAllCollectives[] = {
     Collective::allreduce, Collective::reduce_scatter, Collective::allgather, Collective::broadcast,
@@ -94,7 +100,7 @@ Plan Tuner::choose(const algorithms::Args& args) const {
   if (forced_segment_ > 0)
     plan.segment_bytes = forced_segment_;
   else if (ring)
-    plan.segment_bytes = kSegmentBytes;
+    plan.segment_bytes = shared_memory_ ? kShmSegmentBytes : kSegmentBytes;
   else
     plan.segment_bytes = std::clamp<size_t>(per_step / 4, 64 << 10, kSegmentBytes);
   return plan;

@@ -27,9 +27,11 @@ inline constexpr uint64_t kSegmentMagic = 0x314d485352525252ull;  // "RRRRSHM1"
 inline constexpr uint32_t kShmVersion = 1;
 // A few cache-sized slots: the fused ring keeps its staging in cache (the prototypes:
 // 256-512 KiB slots reached 85-90% of the memory-bandwidth floor; a full-size staging copy costs
-// 3x). Slots are multiples of 64 bytes, so every slot boundary is an element boundary.
+// 3x). 4 x 256 KiB per FIFO measured best at N=2, 4 and 8 (tuner.cc); 16 slots were up to 2x
+// slower with 4 ranks per core, whose FIFOs then no longer fit the caches between turns. Slots are
+// multiples of 64 bytes, so every slot boundary is an element boundary.
 inline constexpr size_t kSlotBytes = 256 << 10;
-inline constexpr uint32_t kSlots = 16;
+inline constexpr uint32_t kSlots = 4;
 inline constexpr size_t kMaxAbortReason = 2048;
 inline constexpr size_t kPage = 4096;
 

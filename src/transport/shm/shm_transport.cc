@@ -340,6 +340,7 @@ void ShmTransport::wait(Completion& c, const core::Deadline& deadline) {
   // Primitives posted since the last pass may have moved eagerly and owe their peers a wake-up,
   // even when c is already done.
   flush_rings();
+  int idle_yields = 0;
   while (!c.done()) {
     if (interrupted_.load(std::memory_order_acquire)) {
       std::lock_guard<std::mutex> lock(interrupt_mu_);
@@ -351,15 +352,24 @@ void ShmTransport::wait(Completion& c, const core::Deadline& deadline) {
     for (ShmLink* l : active_)
       if (l->has_notice()) std::rethrow_exception(l->notice());
     if (deadline.expired()) throw_timeout();
-    const auto now = core::Clock::now();
-    if (moved) {
-      spin_until = now + microseconds(opts_.spin_us);
-      continue;
-    }
-    if (now < spin_until) {
+    if (opts_.yield_while_spinning) {
       // Ranks outnumber cores: the data we wait for comes from a rank that needs this core.
-      if (opts_.yield_while_spinning) sched_yield();
-      continue;
+      if (moved) {
+        idle_yields = 0;
+        continue;
+      }
+      if (idle_yields++ < opts_.max_idle_yields) {
+        sched_yield();
+        continue;
+      }
+      idle_yields = 0;
+    } else {
+      const auto now = core::Clock::now();
+      if (moved) {
+        spin_until = now + microseconds(opts_.spin_us);
+        continue;
+      }
+      if (now < spin_until) continue;
     }
     sleep(deadline);
   }

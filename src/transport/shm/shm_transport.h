@@ -37,7 +37,14 @@ struct ShmOptions {
   int channels = 1;
   uint64_t comm_id = 0;
   int spin_us = 50;
+  // Ranks outnumber cores: instead of spinning for spin_us, a waiter yields its core at once and
+  // sleeps after this many yields in a row found nothing to do. Counting yields rather than
+  // time: while another rank uses the core, a yield takes as long as that rank runs, which is
+  // the point and must not count as idle; and sched_yield may return at once even though a
+  // co-located rank is runnable (the scheduler finds it not yet eligible), so a waiter that only
+  // yielded could keep the core from the very rank it waits for.
   bool yield_while_spinning = false;
+  int max_idle_yields = 8;
 };
 
 // An mmap'd region, unmapped on destruction.
