@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <functional>
 #include <string>
 #include <vector>
@@ -50,6 +51,7 @@ struct Context {
   size_t segment_bytes;  // pipeline granularity, > 0
   int channels;          // 1 <= channels <= transport.channels()
   bool sliced;           // post ring schedules slice by slice (ring_phases.h post_ring_steps)
+  uint64_t seq;          // the op's sequence number (the same on every rank)
   // A scratch buffer of at least `bytes`, owned by the communicator and reused across calls.
   std::function<void*(size_t bytes)> scratch;
 
@@ -66,6 +68,11 @@ struct Algorithm {
   Collective kind;
   uint8_t id;  // carried in every message's tag: ranks must agree on it
   RunFn run;
+  // Reads peers' memory through Transport::window(): only for ranks that share one host.
+  bool needs_window = false;
+  // The largest buffer (bytes of the per-rank count) it takes; larger calls go to the tuner's
+  // usual choice even when this one is forced.
+  size_t max_bytes = SIZE_MAX;
 };
 
 // Every algorithm there is.
@@ -90,5 +97,7 @@ void chain_broadcast(Context& ctx, const Args& a);
 void chain_reduce(Context& ctx, const Args& a);
 void pairwise_alltoall(Context& ctx, const Args& a);
 void dissemination_barrier(Context& ctx, const Args& a);
+void flat_allreduce(Context& ctx, const Args& a);
+void flat_barrier(Context& ctx, const Args& a);
 
 }  // namespace ringreduce::algorithms

@@ -1,4 +1,5 @@
 #include "algorithms/algorithm.h"
+#include "algorithms/flat_window.h"
 
 namespace ringreduce::algorithms {
 
@@ -33,6 +34,8 @@ const std::vector<Algorithm>& all_algorithms() {
       {"pairwise", Collective::alltoall, 6, pairwise_alltoall},
       {"dissemination", Collective::barrier, 7, dissemination_barrier},
       {"rd", Collective::allreduce, 8, recursive_doubling_allreduce},
+      {"flat", Collective::allreduce, 9, flat_allreduce, true, flat::kMaxBytes},
+      {"flat", Collective::barrier, 10, flat_barrier, true},
   };
   return kAll;
 }

@@ -233,9 +233,10 @@ std::string CommImpl::describe(const transport::OpTag& t) const {
   return s.str();
 }
 
-void CommImpl::validate(const algorithms::Args& a, const std::string& d) const {
+void CommImpl::validate(const OpState& op) const {
+  const algorithms::Args& a = op.args;
   auto bad = [&](const std::string& why) {
-    throw InvalidArgument("rank " + std::to_string(rank_) + ": " + d + ": " + why);
+    throw InvalidArgument("rank " + std::to_string(rank_) + ": " + describe(op.tag) + ": " + why);
   };
   if (static_cast<int>(a.dtype) >= kNumDataTypes) bad("unknown data type");
   if (static_cast<int>(a.op) >= kNumReduceOps) bad("unknown reduce op");
@@ -259,35 +260,70 @@ void CommImpl::validate(const algorithms::Args& a, const std::string& d) const {
     bad("reduce_scatter in place needs recv = send + rank * recv_count, not recv = send");
 }
 
-std::shared_ptr<OpState> CommImpl::submit(const algorithms::Args& args, const CallOptions& call,
-                                          bool async) {
-  auto op = std::make_shared<OpState>();
-  op->args = args;
-  op->async = async;
-  op->comm = this;
-  op->timeout = call.timeout.value_or(timeout_);
-  op->plan = tuner_->choose(args);
-  auto& t = op->tag;
+void CommImpl::prepare(OpState& op, const algorithms::Args& args, const CallOptions& call,
+                       bool async) {
+  op.args = args;
+  op.async = async;
+  op.comm = this;
+  op.timeout = call.timeout.value_or(timeout_);
+  op.plan = tuner_->choose(args);
+  auto& t = op.tag;
   t.count = args.count;
   t.kind = static_cast<uint8_t>(args.kind);
   t.dtype = static_cast<uint8_t>(args.dtype);
   t.op = has_op(args.kind) ? static_cast<uint8_t>(args.op) : 0;
   t.root = has_root(args.kind) ? args.root : -1;
-  t.algo = op->plan.algorithm->id;
-  t.segment_bytes = op->plan.segment_bytes;
-  t.channels = static_cast<uint16_t>(op->plan.channels);
-  t.flags = op->plan.sliced ? transport::kTagSliced : 0;
+  t.algo = op.plan.algorithm->id;
+  t.segment_bytes = op.plan.segment_bytes;
+  t.channels = static_cast<uint16_t>(op.plan.channels);
+  t.flags = op.plan.sliced ? transport::kTagSliced : 0;
+}
 
-  std::unique_lock<std::mutex> lk(mu_);
-  t.seq = next_seq_++;
-  op->description = describe(t);
+void CommImpl::number(OpState& op) {
+  op.tag.seq = next_seq_++;
   try {
-    validate(args, op->description);
+    validate(op);
   } catch (...) {
     // A bad argument fails this call only, and the call is not issued: the sequence numbers stay
     // aligned with the other ranks, whose matching call then reports a mismatch naming this rank
     // or times out.
     --next_seq_;
+    throw;
+  }
+}
+
+void CommImpl::call(const algorithms::Args& args, const CallOptions& call) {
+  OpState op;
+  prepare(op, args, call, /*async=*/false);
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (driving_ || !queue_.empty()) {
+      // Earlier async ops are queued or running: this one takes its turn after them.
+      lk.unlock();
+      auto queued = submit(args, call, /*async=*/false);
+      wait(*queued, std::nullopt);
+      return;
+    }
+    number(op);
+    if (aborted_.load()) std::rethrow_exception(abort_error_);
+    driving_ = true;
+  }
+  const std::exception_ptr error = execute(op);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    release_driver();
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+std::shared_ptr<OpState> CommImpl::submit(const algorithms::Args& args, const CallOptions& call,
+                                          bool async) {
+  auto op = std::make_shared<OpState>();
+  prepare(*op, args, call, async);
+  std::unique_lock<std::mutex> lk(mu_);
+  try {
+    number(*op);
+  } catch (...) {
     op->error = std::current_exception();
     op->finished.store(true);
     return op;
@@ -361,6 +397,10 @@ void CommImpl::drive(OpState* target) {
 }
 
 void CommImpl::run(OpState& op) {
+  finish(op, execute(op));
+}
+
+std::exception_ptr CommImpl::execute(OpState& op) {
   std::exception_ptr error;
   if (aborted_.load()) {
     std::string what;
@@ -376,23 +416,29 @@ void CommImpl::run(OpState& op) {
       transport_->abort(static_cast<int>(e.code()), blamed_rank(e), e.what());
     }
   } else {
-    const std::string prefix = "rank " + std::to_string(rank_) + ": " + op.description + ": ";
+    // Built only when needed: a small allreduce must not pay for formatting its description.
+    auto prefix = [&] { return "rank " + std::to_string(rank_) + ": " + describe(op.tag) + ": "; };
     try {
       transport_->begin_op(op.tag);
       algorithms::Context ctx{*transport_,
                               rank_,
                               size_,
-                              core::Deadline::after(op.timeout),
+                              core::Deadline::after_first_use(op.timeout),
                               op.plan.segment_bytes,
                               op.plan.channels,
                               op.plan.sliced,
+                              op.tag.seq,
                               [this](size_t bytes) { return scratch(bytes); }};
-      const auto started = core::Clock::now();
-      RR_LOG(trace, rank_, op.description, ": ", op.plan.algorithm->name, ", segments of ",
-             op.plan.segment_bytes, " B, ", op.plan.channels, " channel(s)");
-      op.plan.algorithm->run(ctx, op.args);
-      RR_LOG(trace, rank_, op.description, ": done in ",
-             static_cast<int64_t>(core::seconds_since(started) * 1e6), " us");
+      if (core::log_enabled(core::LogLevel::trace)) {
+        const auto started = core::Clock::now();
+        RR_LOG(trace, rank_, describe(op.tag), ": ", op.plan.algorithm->name, ", segments of ",
+               op.plan.segment_bytes, " B, ", op.plan.channels, " channel(s)");
+        op.plan.algorithm->run(ctx, op.args);
+        RR_LOG(trace, rank_, describe(op.tag), ": done in ",
+               static_cast<int64_t>(core::seconds_since(started) * 1e6), " us");
+      } else {
+        op.plan.algorithm->run(ctx, op.args);
+      }
     } catch (const Error& e) {
       std::string suffix;
       if (e.code() == ErrorCode::timeout) {
@@ -400,9 +446,9 @@ void CommImpl::run(OpState& op) {
         s << " (timeout " << static_cast<double>(op.timeout.count()) / 1000.0 << " s)";
         suffix = s.str();
       }
-      error = with_prefix(e, prefix, suffix);
+      error = with_prefix(e, prefix(), suffix);
     } catch (const std::exception& e) {
-      error = std::make_exception_ptr(Error(prefix + e.what()));
+      error = std::make_exception_ptr(Error(prefix() + e.what()));
     }
     if (error) {
       // After a failure the links are in an unknown state: fail the communicator for good, and
@@ -424,8 +470,8 @@ void CommImpl::run(OpState& op) {
           try {
             std::rethrow_exception(cause);
           } catch (const Error& e) {
-            error = with_prefix(e, prefix, "");
-            what = std::string(prefix) + e.what();
+            error = with_prefix(e, prefix(), "");
+            what = prefix() + e.what();
             code = static_cast<int>(e.code());
             blamed = blamed_rank(e);
           }
@@ -438,7 +484,7 @@ void CommImpl::run(OpState& op) {
       aborted_.store(true);
     }
   }
-  finish(op, error);
+  return error;
 }
 
 void CommImpl::finish(OpState& op, std::exception_ptr error) {

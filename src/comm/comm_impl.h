@@ -34,7 +34,6 @@ struct OpState {
   tuner::Plan plan;
   transport::OpTag tag;
   std::chrono::milliseconds timeout{0};
-  std::string description;  // "allreduce #5 (float x 100, sum)"
   bool async = false;
   CommImpl* comm = nullptr;
   // Guarded by CommImpl::mu_; `finished` may be read without it.
@@ -52,6 +51,10 @@ class CommImpl {
 
   std::shared_ptr<OpState> submit(const algorithms::Args& args, const CallOptions& call,
                                   bool async);
+  // A blocking call: runs in the calling thread, from an OpState on its stack, unless other ops
+  // are queued or running (then it waits its turn like submit() + wait()). The path every
+  // training step's small allreduces take, so it allocates nothing and builds no strings.
+  void call(const algorithms::Args& args, const CallOptions& call);
   // Waits for op; with a timeout, returns false if it has not finished by then.
   bool wait(OpState& op, std::optional<std::chrono::milliseconds> timeout);
   void abort(const std::string& reason);
@@ -59,12 +62,19 @@ class CommImpl {
   static Work make_work(std::shared_ptr<OpState> s) { return Work(std::move(s)); }
 
  private:
-  void validate(const algorithms::Args& args, const std::string& description) const;
+  // Fills in plan and tag (all but the sequence number).
+  void prepare(OpState& op, const algorithms::Args& args, const CallOptions& call, bool async);
+  // Gives op the next sequence number (mu_ held); on a bad argument throws InvalidArgument and
+  // gives the number back, so that the call is not issued at all.
+  void number(OpState& op);
+  void validate(const OpState& op) const;
   std::string describe(const transport::OpTag& tag) const;
   // Runs queued ops in order until `target` has finished (or, for the progress thread with
   // target == nullptr, until the head of the queue is a blocking op or the queue is empty).
   void drive(OpState* target);
   void run(OpState& op);
+  // Runs op's algorithm (or fails it if the communicator is aborted); returns its error.
+  std::exception_ptr execute(OpState& op);
   void finish(OpState& op, std::exception_ptr error);
   void progress_loop();
   // Gives up the driver role (mu_ held) and wakes whoever should drive or wait next.

@@ -129,43 +129,34 @@ Work Communicator::barrier_async(const CallOptions& call) {
 // Blocking calls are submitted as such: their caller drives them, with no thread hand-off.
 void Communicator::allreduce(const void* send, void* recv, size_t count, DataType dtype,
                              ReduceOp op, const CallOptions& call) {
-  RR_SUBMIT(make(Collective::allreduce, send, recv, count, dtype, op, 0), call, false).wait();
+  impl_->call(make(Collective::allreduce, send, recv, count, dtype, op, 0), call);
 }
 void Communicator::reduce_scatter(const void* send, void* recv, size_t recv_count, DataType dtype,
                                   ReduceOp op, const CallOptions& call) {
-  RR_SUBMIT(make(Collective::reduce_scatter, send, recv, recv_count, dtype, op, 0), call, false)
-      .wait();
+  impl_->call(make(Collective::reduce_scatter, send, recv, recv_count, dtype, op, 0), call);
 }
 void Communicator::allgather(const void* send, void* recv, size_t send_count, DataType dtype,
                              const CallOptions& call) {
-  RR_SUBMIT(make(Collective::allgather, send, recv, send_count, dtype, ReduceOp::sum, 0), call,
-            false)
-      .wait();
+  impl_->call(make(Collective::allgather, send, recv, send_count, dtype, ReduceOp::sum, 0), call);
 }
 void Communicator::broadcast(void* buffer, size_t count, DataType dtype, int root,
                              const CallOptions& call) {
-  RR_SUBMIT(make(Collective::broadcast, buffer, buffer, count, dtype, ReduceOp::sum, root), call,
-            false)
-      .wait();
+  impl_->call(make(Collective::broadcast, buffer, buffer, count, dtype, ReduceOp::sum, root), call);
 }
 void Communicator::broadcast(const void* send, void* recv, size_t count, DataType dtype, int root,
                              const CallOptions& call) {
-  RR_SUBMIT(make(Collective::broadcast, send, recv, count, dtype, ReduceOp::sum, root), call, false)
-      .wait();
+  impl_->call(make(Collective::broadcast, send, recv, count, dtype, ReduceOp::sum, root), call);
 }
 void Communicator::reduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
                           int root, const CallOptions& call) {
-  RR_SUBMIT(make(Collective::reduce, send, recv, count, dtype, op, root), call, false).wait();
+  impl_->call(make(Collective::reduce, send, recv, count, dtype, op, root), call);
 }
 void Communicator::alltoall(const void* send, void* recv, size_t count, DataType dtype,
                             const CallOptions& call) {
-  RR_SUBMIT(make(Collective::alltoall, send, recv, count, dtype, ReduceOp::sum, 0), call, false)
-      .wait();
+  impl_->call(make(Collective::alltoall, send, recv, count, dtype, ReduceOp::sum, 0), call);
 }
 void Communicator::barrier(const CallOptions& call) {
-  RR_SUBMIT(make(Collective::barrier, nullptr, nullptr, 0, DataType::u8, ReduceOp::sum, 0), call,
-            false)
-      .wait();
+  impl_->call(make(Collective::barrier, nullptr, nullptr, 0, DataType::u8, ReduceOp::sum, 0), call);
 }
 
 #undef RR_SUBMIT

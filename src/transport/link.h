@@ -80,6 +80,54 @@ class Link {
   virtual void recv_copy_send(void* dst, size_t bytes, Link& next, Completion* c) = 0;
 };
 
+// Memory that every rank of a communicator can read: one region per rank, written only by its
+// owner. Algorithms that read their peers' data in place instead of receiving messages (the flat
+// small-message collectives, the direct reduce-scatter) use it; only a transport whose ranks share
+// one host has one, and the tuner picks those algorithms only then.
+//
+// The window only moves nothing: the algorithm lays out its region and publishes what it wrote
+// with a release store (std::atomic_ref) of a stamp there; readers acquire-load the stamp before
+// reading. What the window adds is waiting: wait() drives the transport exactly as
+// Transport::wait does (bounded spin, yielding when ranks outnumber cores, then sleep; deadline;
+// dead peers; abort notices; and a peer seen at this op's sequence number with another call is a
+// MismatchError), and notify() wakes the peers that sleep in it.
+// A non-owning reference to a callable returning bool (no allocation, unlike std::function).
+class ReadyFn {
+ public:
+  template <class F>
+  ReadyFn(F& f)  // NOLINT(google-explicit-constructor): a lambda converts implicitly
+      : obj_(&f), call_([](void* o) { return static_cast<bool>((*static_cast<F*>(o))()); }) {}
+  bool operator()() const { return call_(obj_); }
+
+ private:
+  void* obj_;
+  bool (*call_)(void*);
+};
+
+class Window {
+ public:
+  virtual ~Window() = default;
+  virtual size_t bytes() const = 0;  // of each rank's region
+  virtual char* mine() = 0;
+  virtual const char* of(int rank) = 0;
+  // After storing a stamp: wakes the peers that sleep so that they look at it.
+  virtual void notify() = 0;
+  // Returns once ready() is true. ready() is called often and must be cheap; it may throw
+  // (a MismatchError it found). `waiting_for` names the rank to blame on a timeout.
+  virtual void wait(ReadyFn ready, int waiting_for, const core::Deadline& deadline) = 0;
+  // A 64-bit digest of the current op's tag: algorithms store it beside their stamps, so that a
+  // reader that finds another digest knows the writer is in another call.
+  virtual uint64_t fingerprint() const = 0;
+  // Throws the MismatchError for a rank found at this op's stamp with another fingerprint.
+  [[noreturn]] virtual void mismatch(int rank) = 0;
+  // Waits until every peer has begun op `seq` or a later one (and so has finished every op
+  // before it): after that nobody reads what this rank wrote in its region before op seq.
+  virtual void wait_all_reached(uint64_t seq, const core::Deadline& deadline) = 0;
+  // Tells the window what the algorithm has seen for itself (every peer stamped op seq), so that
+  // a later wait_all_reached(seq) costs nothing.
+  virtual void note_all_reached(uint64_t seq) = 0;
+};
+
 // The set of links of one communicator and the engine that progresses them.
 class Transport {
  public:
@@ -88,6 +136,8 @@ class Transport {
   virtual int size() const = 0;
   virtual int channels() const = 0;
   virtual Link& link(int peer, int channel) = 0;
+  // The shared window, when every rank is on this host; null otherwise.
+  virtual Window* window() { return nullptr; }
 
   // Sets the tag every message carries and every receive expects from now on.
   virtual void begin_op(const OpTag& tag) = 0;

@@ -17,6 +17,8 @@ namespace {
 // from 1 MiB (1.1 ms against 1.5 ms).
 constexpr size_t kRecursiveDoublingMaxBytes = 512 << 10;
 constexpr size_t kSegmentBytes = 512 << 10;
+// Largest allreduce the flat algorithm takes on one host (measured: docs/PERFORMANCE.md).
+constexpr size_t kFlatAllreduceMaxBytes = 4 << 10;
 // Shared memory: one FIFO slot per message. Interleaved medians of 3 rounds at N=2, 4, 8 and
 // 1-256 MiB (docs/PERFORMANCE.md): 4 slots of 256 KiB with 256 KiB messages were best or within
 // noise of the best everywhere; 512 KiB messages (two slots each) lost 5-20% at N=4 and 8, and
@@ -62,24 +64,41 @@ Tuner::Tuner(const core::Config& config, int world_size, int transport_channels,
       forced_[c] = a;
     }
   }
+  for (const auto& [c, a] : forced_)
+    if (a->needs_window && !shared_memory_ && size_ > 1)
+      throw InvalidArgument(std::string("RINGREDUCE_ALGO: ") + algorithms::collective_name(c) +
+                            ":" + a->name +
+                            " reads peers' memory directly and needs every rank on one host "
+                            "(with shared memory enabled)");
+  rd_ = algorithms::find_algorithm(Collective::allreduce, "rd");
+  flat_allreduce_ = algorithms::find_algorithm(Collective::allreduce, "flat");
+  flat_barrier_ = algorithms::find_algorithm(Collective::barrier, "flat");
+  for (Collective c : kAllCollectives)
+    for (const auto& a : algorithms::all_algorithms())
+      if (a.kind == c) {
+        first_[c] = &a;
+        break;
+      }
+}
+
+const algorithms::Algorithm* Tuner::pick(const algorithms::Args& args) const {
+  const size_t bytes = args.count * dtype_size(args.dtype);
+  if (auto it = forced_.find(args.kind); it != forced_.end() && bytes <= it->second->max_bytes)
+    return it->second;
+  if (args.kind == Collective::allreduce && size_ > 1) {
+    // One host: every rank reads every peer's input in place, one step (flat_allreduce.cc).
+    if (shared_memory_ && bytes <= kFlatAllreduceMaxBytes) return flat_allreduce_;
+    // Small buffers: lg N simultaneous exchanges beat the ring's 2(N-1) sequential steps when
+    // latency dominates (at N=2: one exchange against two hops).
+    if (bytes <= kRecursiveDoublingMaxBytes) return rd_;
+  }
+  if (args.kind == Collective::barrier && shared_memory_) return flat_barrier_;
+  return first_.at(args.kind);
 }
 
 Plan Tuner::choose(const algorithms::Args& args) const {
   Plan plan;
-  if (auto it = forced_.find(args.kind); it != forced_.end()) {
-    plan.algorithm = it->second;
-  } else if (args.kind == Collective::allreduce && size_ > 1 &&
-             args.count * dtype_size(args.dtype) <= kRecursiveDoublingMaxBytes) {
-    // Small buffers: lg N simultaneous exchanges beat the ring's 2(N-1) sequential steps when
-    // latency dominates (at N=2: one exchange against two hops).
-    plan.algorithm = algorithms::find_algorithm(Collective::allreduce, "rd");
-  } else {
-    for (const auto& a : algorithms::all_algorithms())
-      if (a.kind == args.kind) {
-        plan.algorithm = &a;
-        break;
-      }
-  }
+  plan.algorithm = pick(args);
   // Bytes each rank moves per ring step.
   const size_t elem = dtype_size(args.dtype);
   size_t per_step = args.count * elem;

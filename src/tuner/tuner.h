@@ -27,11 +27,17 @@ class Tuner {
   Plan choose(const algorithms::Args& args) const;
 
  private:
+  const algorithms::Algorithm* pick(const algorithms::Args& args) const;
+
   int size_;
   int channels_;
   bool shared_memory_;
   size_t forced_segment_ = 0;
   std::map<algorithms::Collective, const algorithms::Algorithm*> forced_;
+  std::map<algorithms::Collective, const algorithms::Algorithm*> first_;  // each kind's default
+  const algorithms::Algorithm* rd_ = nullptr;
+  const algorithms::Algorithm* flat_allreduce_ = nullptr;
+  const algorithms::Algorithm* flat_barrier_ = nullptr;
 };
 
 }  // namespace ringreduce::tuner

@@ -92,6 +92,13 @@ TEST_P(Matrix, AllreduceRecursiveDoublingEveryDtypeOpCountPlacement) {
   allreduce_matrix(ranks(), "rd", transport());
 }
 
+TEST_P(Matrix, AllreduceFlatEveryDtypeOpCountPlacement) {
+  // The flat algorithm reads peers' memory directly: shared memory only (on TCP, forcing it is
+  // an error, tested in comm_test). Counts above its limit fall back to the tuner's choice.
+  if (std::get<1>(GetParam()) == "tcp") GTEST_SKIP() << "flat needs shared memory";
+  allreduce_matrix(ranks(), "flat", transport());
+}
+
 TEST_P(Matrix, AllreduceTinySegmentsPipeline) {
   const int n = ranks();
   Expected expected;

@@ -119,6 +119,19 @@ TEST(Comm, MismatchedDtypeOpRootAndKindAreNamedOnEveryRank) {
          std::vector<float> d(64);
          c.broadcast(d.data(), 64, DataType::f32, c.rank() == 2 ? 1 : 0);
        }},
+      {"count, flat against ring",
+       [](Communicator& c) {
+         // Rank 2's call is large enough for the ring; the others' take the flat algorithm on
+         // shared memory (or recursive doubling on TCP): different algorithms, one op.
+         std::vector<float> d(1 << 20);
+         c.allreduce(d.data(), d.data(), c.rank() == 2 ? d.size() : 64, DataType::f32,
+                     ReduceOp::sum);
+       }},
+      {"count, both flat",
+       [](Communicator& c) {
+         std::vector<float> d(64);
+         c.allreduce(d.data(), d.data(), c.rank() == 0 ? 63 : 64, DataType::f32, ReduceOp::sum);
+       }},
       {"kind",
        [](Communicator& c) {
          std::vector<float> d(64 * 3);
@@ -149,6 +162,55 @@ TEST(Comm, MismatchedDtypeOpRootAndKindAreNamedOnEveryRank) {
         },
         {}, 20s);
     EXPECT_EQ(mismatches.load(), 3) << cs.name;
+  }
+}
+
+TEST(Comm, FlatBarrierHoldsEveryRankUntilAllArrive) {
+  // Many barriers in a row reuse each rank's two window areas in turn; ranks arrive in a
+  // different order each time. Nobody may leave a barrier before everyone has entered it.
+  for (int n : {2, 3, 5}) {
+    std::atomic<int> arrived{0};
+    run_ranks(n, [&](Communicator& comm) {
+      for (int i = 0; i < 300; ++i) {
+        if ((i + comm.rank()) % n == 0) std::this_thread::sleep_for(50us);
+        arrived.fetch_add(1);
+        comm.barrier();
+        ASSERT_GE(arrived.load(), (i + 1) * n) << "rank " << comm.rank() << " barrier " << i;
+        comm.barrier();  // nobody starts the next round before everyone checked this one
+      }
+    });
+  }
+}
+
+TEST(Comm, FlatAllreduceAfterRootedOpsKeepsItsInputs) {
+  // A broadcast's root finishes without hearing from anyone, so it can start the next flat
+  // allreduce, whose window area is the one of the allreduce before the broadcast, while a slower
+  // rank still reads that one: the window's reuse guard must hold it. Large flat buffers (slow to
+  // read), more threads than cores (readers get preempted) and many rounds make the race likely.
+  run_ranks(4, [](Communicator& comm) {
+    const int n = comm.size(), r = comm.rank();
+    const size_t count = (16 << 10) - 8;  // just under the flat algorithm's limit
+    std::vector<int32_t> a(count), b(count);
+    for (int i = 0; i < 3000; ++i) {
+      const size_t k = static_cast<size_t>(i * 131) % count;
+      std::fill(a.begin(), a.end(), r + i);
+      comm.allreduce(std::span<int32_t>(a), ReduceOp::sum);
+      ASSERT_EQ(a[k], n * i + n * (n - 1) / 2) << "round " << i << " element " << k;
+      ASSERT_EQ(a[count - 1 - k], n * i + n * (n - 1) / 2) << "round " << i;
+      b[0] = b[1] = i;
+      comm.broadcast(b.data(), 2, DataType::i32, i % n);
+      ASSERT_EQ(b[1], i) << "round " << i;
+    }
+  }, {{"RINGREDUCE_ALGO", "allreduce:flat"}});
+}
+
+TEST(Comm, ForcingAWindowAlgorithmWithoutSharedMemoryIsAnError) {
+  try {
+    run_ranks(2, [](Communicator&) {}, {{"RINGREDUCE_SHM", "0"}, {"RINGREDUCE_ALGO", "flat"}});
+    ADD_FAILURE() << "no error";
+  } catch (const ringreduce::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("allreduce:flat"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("one host"), std::string::npos) << e.what();
   }
 }
 

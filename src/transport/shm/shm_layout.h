@@ -2,11 +2,12 @@
 // the FIFOs its same-host peers write into; the peers map it after receiving the memfd over a
 // Unix socket. Nothing is ever named in /dev/shm, so a crash leaves nothing behind.
 //
-//   SegmentHeader                      (one page)
-//   Fifo[(sender local index) * channels + channel], each:
+//   SegmentHeader                      (one page): sleep flag, the op line
+//   Fifo[(sender rank) * channels + channel], each:
 //     FifoControl                      head, tail and abort notice on separate cache lines
 //     SlotMeta[kSlots]                 one cache line per slot: tag, sizes
 //     data[kSlots][kSlotBytes]
+//   window[kWindowBytes]               the owner's region of the shared Window (link.h)
 //
 // A FIFO is single-producer (the sender) single-consumer (the owner). head counts slots the
 // sender has published, tail the slots the owner has released; the sender may write slot
@@ -33,6 +34,8 @@ inline constexpr uint32_t kShmVersion = 1;
 inline constexpr size_t kSlotBytes = 256 << 10;
 inline constexpr uint32_t kSlots = 4;
 inline constexpr size_t kMaxAbortReason = 2048;
+// The flat small-message collectives keep two buffers here, the direct reduce-scatter its staging.
+inline constexpr size_t kWindowBytes = size_t{2} << 20;
 inline constexpr size_t kPage = 4096;
 
 struct alignas(64) SegmentHeader {
@@ -43,10 +46,20 @@ struct alignas(64) SegmentHeader {
   uint64_t fifo_count;
   uint64_t fifo_stride;
   uint64_t total_bytes;
+  // 1 if the owner registered for membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) (see
+  // ShmTransport::flush_rings): only when every rank did may wakers skip their fence.
+  uint32_t membarrier_ok;
   // Set by the owner while it is about to sleep in epoll_wait on its doorbell eventfd; a peer
   // that makes progress possible for the owner writes the eventfd only then.
   alignas(64) std::atomic<uint32_t> sleeping;
+  // The op the owner has begun, for peers that check whether it is in the same call (and the
+  // window's "has every peer reached op s"). A seqlock: version is odd while tag is rewritten;
+  // seq is stored last, with release, so a peer that sees it also sees the tag.
+  alignas(64) std::atomic<uint64_t> op_version;
+  std::atomic<uint64_t> op_seq;
+  std::atomic<uint64_t> op_tag[sizeof(OpTag) / 8];
 };
+static_assert(sizeof(OpTag) % 8 == 0, "the op line copies the tag in words");
 
 struct FifoControl {
   alignas(64) std::atomic<uint64_t> head;  // written by the sender
@@ -87,6 +100,13 @@ struct Fifo {
 
 inline Fifo fifo_at(void* segment, size_t index) {
   return Fifo{static_cast<char*>(segment) + kHeaderBytes + index * kFifoStride};
+}
+
+inline size_t window_offset(size_t fifo_count) {
+  return kHeaderBytes + fifo_count * kFifoStride;
+}
+inline size_t segment_bytes(size_t fifo_count) {
+  return window_offset(fifo_count) + kWindowBytes;
 }
 
 }  // namespace ringreduce::transport::shm

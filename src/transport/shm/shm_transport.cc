@@ -4,7 +4,9 @@
 #include <poll.h>
 #include <sched.h>
 #include <string.h>
+#include <linux/membarrier.h>
 #include <sys/epoll.h>
+#include <sys/syscall.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -100,6 +102,14 @@ bool recv_hello(int sock, ShmHello* h, core::Fd* memfd, core::Fd* doorbell) {
 }
 
 constexpr uint64_t kDoorbellEvent = ~0ull;
+// Polls of a window wait before the engine's loop: ~2-4 us of pause instructions.
+constexpr int kPreSpin = 256;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
 
 }  // namespace
 
@@ -119,7 +129,7 @@ Mapping& Mapping::operator=(Mapping&& o) noexcept {
 ShmTransport::ShmTransport(const ShmOptions& opts, Store& store, const core::Deadline& deadline)
     : opts_(opts) {
   const size_t nfifos = static_cast<size_t>(opts_.size) * static_cast<size_t>(opts_.channels);
-  const size_t total = kHeaderBytes + nfifos * kFifoStride;
+  const size_t total = segment_bytes(nfifos);
   memfd_.reset(memfd_create("ringreduce-shm", MFD_CLOEXEC));
   if (!memfd_.valid()) throw Error(errstr("memfd_create failed"));
   if (ftruncate(memfd_.get(), static_cast<off_t>(total)) != 0)
@@ -135,6 +145,9 @@ ShmTransport::ShmTransport(const ShmOptions& opts, Store& store, const core::Dea
   h->fifo_count = nfifos;
   h->fifo_stride = kFifoStride;
   h->total_bytes = total;
+  h->membarrier_ok =
+      syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, 0, 0) == 0 ? 1 : 0;
+  mine_window_ = static_cast<char*>(p) + window_offset(nfifos);
 
   doorbell_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   epoll_.reset(epoll_create1(EPOLL_CLOEXEC));
@@ -230,9 +243,9 @@ void ShmTransport::connect_peers(Store& store, const core::Deadline& deadline) {
       if (p == MAP_FAILED) throw Error(errstr("mapping a peer's shared-memory segment failed"));
       Mapping seg(p, n);
       const SegmentHeader* sh = seg.header();
+      const size_t nfifos = static_cast<size_t>(size) * static_cast<size_t>(opts_.channels);
       if (sh->magic != kSegmentMagic || sh->comm_id != opts_.comm_id || sh->owner_rank != h.rank ||
-          sh->total_bytes != n ||
-          sh->fifo_count != static_cast<uint64_t>(size) * static_cast<uint64_t>(opts_.channels) ||
+          sh->total_bytes != n || n != segment_bytes(nfifos) || sh->fifo_count != nfifos ||
           sh->fifo_stride != kFifoStride) {
         why = "segment does not match its hello";
       } else {
@@ -264,7 +277,75 @@ void ShmTransport::connect_peers(Store& store, const core::Deadline& deadline) {
       links_[static_cast<size_t>(q * opts_.channels + ch)] = std::move(l);
     }
   }
-  RR_LOG(info, rank, "connected to ", size - 1, " same-host peers over shared memory");
+  asymmetric_fence_ = mine_.header()->membarrier_ok != 0;
+  for (int q = 0; q < size; ++q)
+    if (q != rank && peers_[static_cast<size_t>(q)].segment.header()->membarrier_ok == 0)
+      asymmetric_fence_ = false;
+  RR_LOG(info, rank, "connected to ", size - 1, " same-host peers over shared memory",
+         asymmetric_fence_ ? "" : " (no membarrier: every wake-up check fences)");
+}
+
+namespace {
+
+// A digest of the tag's words (a multiply-xorshift mix): ranks in the same call compute the same
+// value; two different calls collide with probability ~2^-64.
+uint64_t digest(const OpTag& t) {
+  uint64_t w[sizeof(OpTag) / 8];
+  std::memcpy(w, &t, sizeof w);
+  uint64_t h = 0x9E3779B97F4A7C15ull;
+  for (uint64_t x : w) {
+    h = (h ^ x) * 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 31;
+  }
+  return h;
+}
+
+}  // namespace
+
+void ShmTransport::begin_op(const OpTag& tag) {
+  tag_ = tag;
+  fingerprint_ = digest(tag);
+  // Publish the op line (a seqlock, see SegmentHeader): peers compare it with their own call.
+  SegmentHeader* h = mine_.header();
+  const uint64_t v = h->op_version.load(std::memory_order_relaxed);
+  h->op_version.store(v + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  uint64_t w[sizeof(OpTag) / 8];
+  std::memcpy(w, &tag, sizeof w);
+  for (size_t i = 0; i < sizeof(OpTag) / 8; ++i)
+    h->op_tag[i].store(w[i], std::memory_order_relaxed);
+  h->op_version.store(v + 2, std::memory_order_release);
+  h->op_seq.store(tag.seq, std::memory_order_release);
+}
+
+bool ShmTransport::read_peer_tag(int q, OpTag* tag) {
+  const SegmentHeader* h = peers_[static_cast<size_t>(q)].segment.header();
+  const uint64_t v1 = h->op_version.load(std::memory_order_acquire);
+  if (v1 % 2 != 0) return false;
+  uint64_t w[sizeof(OpTag) / 8];
+  for (size_t i = 0; i < sizeof(OpTag) / 8; ++i)
+    w[i] = h->op_tag[i].load(std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (h->op_version.load(std::memory_order_relaxed) != v1) return false;
+  std::memcpy(tag, w, sizeof w);
+  return true;
+}
+
+void ShmTransport::check_peer_calls() {
+  for (int q = 0; q < opts_.size; ++q) {
+    if (q == opts_.rank) continue;
+    OpTag t;
+    if (read_peer_tag(q, &t) && t.seq == tag_.seq && !(t == tag_))
+      throw MismatchError("mismatched call: rank " + std::to_string(q) + " issued " +
+                          describe(t));
+  }
+}
+
+const char* ShmTransport::window_of(int rank) const {
+  if (rank == opts_.rank) return mine_window_;
+  const size_t nfifos = static_cast<size_t>(opts_.size) * static_cast<size_t>(opts_.channels);
+  return static_cast<const char*>(peers_[static_cast<size_t>(rank)].segment.get()) +
+         window_offset(nfifos);
 }
 
 Link& ShmTransport::link(int peer, int channel) {
@@ -288,8 +369,11 @@ void ShmTransport::flush_rings() {
   for (uint8_t r : ring_) pending |= r != 0;
   if (!pending) return;
   // Pairs with the fence in sleep(): either the sleeper sees what we published, or we see that it
-  // sleeps and wake it.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // sleeps and wake it. With the asymmetric fence the sleeper's membarrier fences for us.
+  if (asymmetric_fence_)
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+  else
+    std::atomic_thread_fence(std::memory_order_seq_cst);
   for (size_t q = 0; q < ring_.size(); ++q) {
     if (!ring_[q]) continue;
     ring_[q] = 0;
@@ -302,19 +386,24 @@ void ShmTransport::flush_rings() {
   }
 }
 
-void ShmTransport::sleep(const core::Deadline& deadline) {
+template <class Recheck>
+void ShmTransport::sleep(const core::Deadline& deadline, Recheck&& recheck) {
   SegmentHeader* h = mine_.header();
   h->sleeping.store(1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  // Whatever a peer published before it could see the flag is found by this pass. Nothing has
-  // moved for a while: forwards that wait for room stage their data instead (see ShmLink), which
-  // is what guarantees progress whatever order the algorithm posted in.
-  if (progress_all(/*stage=*/true)) {
+  // Every peer's store before this point is visible now, and every later one is followed by a
+  // load that sees our flag (see asymmetric_fence_).
+  // (Should it ever fail, a store could slip past this recheck: then only nap.)
+  int cap_ms = 1000;
+  if (asymmetric_fence_ && syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL_EXPEDITED, 0, 0) != 0)
+    cap_ms = 1;
+  // Whatever a peer published before it could see the flag is found by this pass.
+  if (recheck()) {
     h->sleeping.store(0, std::memory_order_relaxed);
     return;
   }
   epoll_event events[16];
-  int n = epoll_wait(epoll_.get(), events, 16, deadline.remaining_ms(1000));
+  int n = epoll_wait(epoll_.get(), events, 16, deadline.remaining_ms(cap_ms));
   h->sleeping.store(0, std::memory_order_relaxed);
   for (int i = 0; i < n; ++i) {
     if (events[i].data.u64 == kDoorbellEvent) {
@@ -334,27 +423,29 @@ void ShmTransport::sleep(const core::Deadline& deadline) {
   }
 }
 
-void ShmTransport::wait(Completion& c, const core::Deadline& deadline) {
+template <class Poll, class Moved, class OnTimeout>
+void ShmTransport::drive(Poll&& poll, Moved&& moved, OnTimeout&& on_timeout,
+                         const core::Deadline& deadline) {
   using namespace std::chrono;
   auto spin_until = core::Clock::now() + microseconds(opts_.spin_us);
   // Primitives posted since the last pass may have moved eagerly and owe their peers a wake-up,
-  // even when c is already done.
+  // even when the wait is over already.
   flush_rings();
   int idle_yields = 0;
-  while (!c.done()) {
+  for (;;) {
     if (interrupted_.load(std::memory_order_acquire)) {
       std::lock_guard<std::mutex> lock(interrupt_mu_);
       throw Error(interrupt_reason_, ErrorCode::aborted);
     }
-    const bool moved = progress_all();
-    if (c.done()) break;
+    if (poll()) return;
+    const bool any = moved();
     // A peer is failing the job: fail this op now with its reason rather than at the deadline.
     for (ShmLink* l : active_)
       if (l->has_notice()) std::rethrow_exception(l->notice());
-    if (deadline.expired()) throw_timeout();
+    if (deadline.expired()) on_timeout();
     if (opts_.yield_while_spinning) {
       // Ranks outnumber cores: the data we wait for comes from a rank that needs this core.
-      if (moved) {
+      if (any) {
         idle_yields = 0;
         continue;
       }
@@ -365,14 +456,91 @@ void ShmTransport::wait(Completion& c, const core::Deadline& deadline) {
       idle_yields = 0;
     } else {
       const auto now = core::Clock::now();
-      if (moved) {
+      if (any) {
         spin_until = now + microseconds(opts_.spin_us);
         continue;
       }
       if (now < spin_until) continue;
     }
-    sleep(deadline);
+    // Nothing moves: if a peer is in another call (whatever algorithm it runs), say so now.
+    check_peer_calls();
+    // Nothing has moved for a while: forwards that wait for room stage their data instead (see
+    // ShmLink), which is what guarantees progress whatever order the algorithm posted in.
+    sleep(deadline, [&] { return progress_all(/*stage=*/true) || poll(); });
   }
+}
+
+void ShmTransport::wait(Completion& c, const core::Deadline& deadline) {
+  bool moved = false;
+  drive(
+      [&] {
+        if (c.done()) return true;
+        moved = progress_all();
+        return c.done();
+      },
+      [&] { return moved; }, [&] { throw_timeout(); }, deadline);
+}
+
+void ShmTransport::ShmWindow::notify() {
+  for (int q = 0; q < t_->opts_.size; ++q)
+    if (q != t_->opts_.rank) t_->ring(q);
+  t_->flush_rings();
+}
+
+void ShmTransport::ShmWindow::wait(ReadyFn ready, int waiting_for,
+                                   const core::Deadline& deadline) {
+  if (ready()) return;
+  // A peer on another core usually stamps within a cache-line transfer of us: watch for that
+  // alone first, without the engine's checks and clock reads. Not when ranks outnumber cores:
+  // then the peer may need this very core.
+  if (!t_->opts_.yield_while_spinning)
+    for (int i = 0; i < kPreSpin; ++i) {
+      cpu_relax();
+      if (ready()) return;
+    }
+  bool moved = false;
+  t_->drive(
+      [&] {
+        if (ready()) return true;
+        // A peer that went away cannot post what we wait for any more.
+        for (ShmLink* l : t_->active_)
+          if (l->peer_gone())
+            throw PeerError("peer rank " + std::to_string(l->peer()) +
+                                " exited (its shared-memory connection closed)",
+                            l->peer());
+        // The links carry abort notices, and work of an algorithm that also sends messages.
+        moved = t_->progress_all();
+        return false;
+      },
+      [&] { return moved; },
+      [&] { throw TimeoutError("timed out waiting for rank " + std::to_string(waiting_for)); },
+      deadline);
+}
+
+void ShmTransport::ShmWindow::mismatch(int rank) {
+  OpTag t;
+  bool read = false;
+  for (int tries = 0; tries < 1000 && !(read = t_->read_peer_tag(rank, &t)); ++tries)
+    sched_yield();
+  throw MismatchError("mismatched call: rank " + std::to_string(rank) + " issued " +
+                      (read && t.seq == t_->tag_.seq ? t_->describe(t) : "another call"));
+}
+
+void ShmTransport::ShmWindow::wait_all_reached(uint64_t seq, const core::Deadline& deadline) {
+  if (floor_ >= seq) return;
+  int behind = -1;
+  auto ready = [&] {
+    uint64_t low = UINT64_MAX;
+    for (int q = 0; q < t_->opts_.size; ++q) {
+      if (q == t_->opts_.rank) continue;
+      const uint64_t r = t_->peers_[static_cast<size_t>(q)].segment.header()->op_seq.load(
+          std::memory_order_acquire);
+      if (r < low) low = r, behind = q;
+    }
+    if (low != UINT64_MAX) floor_ = std::max(floor_, low);
+    return floor_ >= seq;
+  };
+  wait(ready, behind, deadline);
 }
 
 void ShmTransport::throw_timeout() {

@@ -14,6 +14,7 @@
 // peers' liveness and the interrupt.)
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -75,7 +76,8 @@ class ShmTransport final : public Transport {
   int size() const override { return opts_.size; }
   int channels() const override { return opts_.channels; }
   Link& link(int peer, int channel) override;
-  void begin_op(const OpTag& tag) override { tag_ = tag; }
+  Window* window() override { return &window_; }
+  void begin_op(const OpTag& tag) override;
   void wait(Completion& c, const core::Deadline& deadline) override;
   void abort(int code, int blamed_rank, const std::string& reason) override;
   void interrupt(const std::string& reason) override;
@@ -91,11 +93,40 @@ class ShmTransport final : public Transport {
   void ring(int peer) { ring_[static_cast<size_t>(peer)] = 1; }
 
  private:
+  class ShmWindow final : public Window {
+   public:
+    explicit ShmWindow(ShmTransport* t) : t_(t) {}
+    size_t bytes() const override { return kWindowBytes; }
+    char* mine() override { return t_->mine_window_; }
+    const char* of(int rank) override { return t_->window_of(rank); }
+    void notify() override;
+    void wait(ReadyFn ready, int waiting_for, const core::Deadline& deadline) override;
+    uint64_t fingerprint() const override { return t_->fingerprint_; }
+    [[noreturn]] void mismatch(int rank) override;
+    void wait_all_reached(uint64_t seq, const core::Deadline& deadline) override;
+    void note_all_reached(uint64_t seq) override { floor_ = std::max(floor_, seq); }
+
+   private:
+    ShmTransport* t_;
+    uint64_t floor_ = 0;  // every peer is known to have reached this op
+  };
+
   void connect_peers(Store& store, const core::Deadline& deadline);
   bool progress_all(bool stage = false);
   void flush_rings();
-  void sleep(const core::Deadline& deadline);
+  // The engine behind wait() and Window::wait(): poll() makes what progress it can and returns
+  // whether the wait is over; moved() says whether that pass moved anything.
+  template <class Poll, class Moved, class OnTimeout>
+  void drive(Poll&& poll, Moved&& moved, OnTimeout&& on_timeout, const core::Deadline& deadline);
+  // Sleeps on the doorbell unless recheck(), run after the sleep flag is raised, finds work.
+  template <class Recheck>
+  void sleep(const core::Deadline& deadline, Recheck&& recheck);
   [[noreturn]] void throw_timeout();
+  // A peer that has begun this op's sequence number with another call: MismatchError.
+  void check_peer_calls();
+  // The tag a peer published for the op it has begun; false if it is being rewritten.
+  bool read_peer_tag(int q, OpTag* tag);
+  const char* window_of(int rank) const;
   ShmLink* slot(int peer, int channel) {
     return links_[static_cast<size_t>(peer) * static_cast<size_t>(opts_.channels) +
                   static_cast<size_t>(channel)]
@@ -118,11 +149,20 @@ class ShmTransport final : public Transport {
   std::vector<ShmLink*> active_;  // every link, for the progress loop
   std::vector<uint8_t> ring_;
   OpTag tag_;
+  uint64_t fingerprint_ = 0;
+  char* mine_window_ = nullptr;
+  ShmWindow window_{this};
   std::function<std::string(const OpTag&)> describe_;
   std::atomic<bool> interrupted_{false};
   std::mutex interrupt_mu_;
   std::string interrupt_reason_;
   bool aborted_ = false;
+  // The sleep/wake handshake (flush_rings, sleep) is Dekker's: a waker stores its data and then
+  // loads the peer's sleep flag, a sleeper stores its flag and then loads the data. Either both
+  // sides fence, or (when every rank could register for it) the sleeper alone issues
+  // membarrier(GLOBAL_EXPEDITED), which fences every registered thread on its behalf: the rare
+  // sleeper pays a syscall so that every publish, the common case, pays no fence.
+  bool asymmetric_fence_ = false;
 };
 
 }  // namespace ringreduce::transport::shm

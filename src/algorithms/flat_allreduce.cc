@@ -1,0 +1,35 @@
+// Flat allreduce for small buffers on one host: every rank publishes its input in the shared
+// window (flat_window.h) and reduces all N inputs itself. One step instead of lg N exchanges
+// (recursive doubling) or 2(N-1) (ring): a rank waits only until every peer has written, which on
+// a host whose ranks share cores is one turn of each. It reads N inputs where recursive doubling
+// combines lg N, so it suits buffers of a few KiB, which the tuner keeps it to.
+//
+// Every rank combines the inputs in rank order (in_0 op in_1 op ... in_{N-1}), so all ranks get
+// the same bits; avg divides once at the end.
+#include <cstring>
+
+#include "algorithms/algorithm.h"
+#include "algorithms/flat_window.h"
+#include "reduce/reduce.h"
+
+namespace ringreduce::algorithms {
+
+void flat_allreduce(Context& ctx, const Args& a) {
+  const size_t bytes = a.count * dtype_size(a.dtype);
+  char* out = static_cast<char*>(a.recv);
+  if (ctx.size == 1 || bytes == 0) {
+    if (out != a.send && bytes > 0) std::memcpy(out, a.send, bytes);
+    return;
+  }
+  transport::Window& w = *ctx.transport.window();
+  flat::publish(ctx, w, a.send, bytes);
+  flat::wait_for_all(ctx, w);
+  // Our own input is read from the window copy: in place, `out` is overwritten as we go.
+  auto input = [&](int q) { return flat::area(w, q, ctx.rank, ctx.seq).payload(); };
+  reduce::combine(out, input(0), input(1), a.count, a.dtype, a.op);
+  for (int q = 2; q < ctx.size; ++q) reduce::combine(out, out, input(q), a.count, a.dtype, a.op);
+  if (a.op == ReduceOp::avg)
+    reduce::divide(out, out, a.count, a.dtype, static_cast<uint64_t>(ctx.size));
+}
+
+}  // namespace ringreduce::algorithms

@@ -1,0 +1,82 @@
+// What the flat collectives share: their layout of the shared window (transport/link.h) and the
+// publish-and-wait step. Every rank has two areas in its region, used by ops of even and odd
+// sequence numbers; an area starts with a 64-byte line holding the stamp (the sequence number of
+// the op that wrote it, stored last with release), the op's fingerprint and the first 48 bytes of
+// the payload, so a small message costs a reader one cache line per peer.
+//
+// Reuse: a rank rewrites an area two ops after it last wrote it, and waits first until every peer
+// has begun the op in between (Window::wait_all_reached), by which time every peer has finished
+// reading it. After a flat op that guard is free: reading every peer's stamp proved it.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "algorithms/algorithm.h"
+
+namespace ringreduce::algorithms::flat {
+
+inline constexpr size_t kAreaBytes = 64 << 10;
+inline constexpr size_t kPayloadOffset = 16;
+// The largest payload a flat collective can carry. The tuner keeps to it.
+inline constexpr size_t kMaxBytes = kAreaBytes - kPayloadOffset;
+
+struct Area {
+  char* base;
+  std::atomic_ref<uint64_t> stamp() const { return std::atomic_ref<uint64_t>(words()[0]); }
+  std::atomic_ref<uint64_t> fingerprint() const { return std::atomic_ref<uint64_t>(words()[1]); }
+  char* payload() const { return base + kPayloadOffset; }
+  uint64_t* words() const { return reinterpret_cast<uint64_t*>(base); }
+};
+
+// This op's area in rank q's region (ours when q is our rank).
+inline Area area(transport::Window& w, int q, int my_rank, uint64_t seq) {
+  char* region = q == my_rank ? w.mine() : const_cast<char*>(w.of(q));
+  return Area{region + (seq % 2) * kAreaBytes};
+}
+
+// Writes bytes of src as this rank's payload for op ctx.seq and stamps it.
+inline void publish(Context& ctx, transport::Window& w, const void* src, size_t bytes) {
+  // Everyone has finished reading what we wrote in this area two ops ago.
+  w.wait_all_reached(ctx.seq - 1, ctx.deadline);
+  const Area mine = area(w, ctx.rank, ctx.rank, ctx.seq);
+  if (bytes > 0) std::memcpy(mine.payload(), src, bytes);
+  mine.fingerprint().store(w.fingerprint(), std::memory_order_relaxed);
+  mine.stamp().store(ctx.seq, std::memory_order_release);
+  w.notify();
+}
+
+// Waits until rank q has stamped this op's area; a MismatchError if q did so in another call.
+inline void wait_for(Context& ctx, transport::Window& w, int q) {
+  const Area a = area(w, q, ctx.rank, ctx.seq);
+  auto stamped = [&] {
+    if (a.stamp().load(std::memory_order_acquire) != ctx.seq) return false;
+    if (a.fingerprint().load(std::memory_order_relaxed) != w.fingerprint()) w.mismatch(q);
+    return true;
+  };
+  w.wait(stamped, q, ctx.deadline);
+}
+
+// Waits until every peer has stamped this op's area (then every peer has begun this op).
+inline void wait_for_all(Context& ctx, transport::Window& w) {
+  int next = 0;  // peers below have stamped: they are not looked at again
+  auto all_stamped = [&] {
+    for (; next < ctx.size; ++next) {
+      if (next == ctx.rank) continue;
+      const Area a = area(w, next, ctx.rank, ctx.seq);
+      if (a.stamp().load(std::memory_order_acquire) != ctx.seq) return false;
+      if (a.fingerprint().load(std::memory_order_relaxed) != w.fingerprint()) w.mismatch(next);
+    }
+    return true;
+  };
+  // Blame, on a timeout, the first rank that has not stamped.
+  while (!all_stamped()) {
+    const int q = next;
+    wait_for(ctx, w, q);
+  }
+  w.note_all_reached(ctx.seq);
+}
+
+}  // namespace ringreduce::algorithms::flat
