@@ -466,7 +466,7 @@ std::exception_ptr CommImpl::execute(OpState& op) {
       if (code == static_cast<int>(ErrorCode::peer)) {
         // A neighbour that went away may have been failed by a mismatch or an abort elsewhere
         // that it could not pass on; if another peer tells us, that cause is the error.
-        if (auto cause = transport_->find_cause(kCauseGrace)) {
+        if (auto cause = transport_->find_cause(kCauseGrace, blamed)) {
           try {
             std::rethrow_exception(cause);
           } catch (const Error& e) {

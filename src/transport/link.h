@@ -151,16 +151,21 @@ class Transport {
   // (a dead or stuck peer): the peers' PeerError names it too. Called by the thread that drives
   // progress, never concurrently with wait(). Idempotent.
   virtual void abort(int code, int blamed_rank, const std::string& reason) = 0;
-  // After wait() threw because a peer went away (ErrorCode::peer): looks for up to `grace` for a
-  // notice from any peer that gives a deeper cause (a mismatch, an abort). The rank that closed
-  // on us may have been failed by such a cause without being able to tell us, e.g. while it was
-  // in the middle of a frame to us. Null if there is none. Call before abort(); consumes what the
-  // peers sent, so the transport is only good for abort() afterwards.
-  virtual std::exception_ptr find_cause(std::chrono::milliseconds grace) = 0;
+  // After wait() threw because a peer went away (ErrorCode::peer, pinned on `blamed`): looks for
+  // up to `grace` for a notice from any peer that gives a deeper cause: a mismatch, an abort, or
+  // a lost peer other than `blamed` (the rank that closed on us may have been failed by such a
+  // cause without being able to tell us, e.g. while it was in the middle of a frame to us).
+  // Null if there is none. Call before abort(); consumes what the peers sent, so the transport is
+  // only good for abort() afterwards.
+  virtual std::exception_ptr find_cause(std::chrono::milliseconds grace, int blamed) = 0;
   // For error messages: turns a peer's tag into words ("allreduce #3 (float x 100, sum)").
   virtual void set_describer(std::function<std::string(const OpTag&)> f) = 0;
   // Thread-safe: makes a wait() in progress (or the next one) throw Error(reason) promptly.
   virtual void interrupt(const std::string& reason) = 0;
 };
+
+// For find_cause: whether a peer's notice (an Error it failed with, passed on) says more than our
+// own PeerError pinned on `blamed`.
+bool is_deeper_cause(const std::exception_ptr& notice, int blamed);
 
 }  // namespace ringreduce::transport

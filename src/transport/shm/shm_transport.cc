@@ -568,12 +568,11 @@ void ShmTransport::abort(int code, int blamed_rank, const std::string& reason) {
   }
 }
 
-std::exception_ptr ShmTransport::find_cause(std::chrono::milliseconds grace) {
+std::exception_ptr ShmTransport::find_cause(std::chrono::milliseconds grace, int blamed) {
   const auto until = core::Clock::now() + grace;
   for (;;) {
     for (ShmLink* l : active_)
-      if (l->has_notice() && l->notice_code() != static_cast<int>(ErrorCode::peer))
-        return l->notice();
+      if (l->has_notice() && is_deeper_cause(l->notice(), blamed)) return l->notice();
     if (core::Clock::now() >= until) return nullptr;
     usleep(1000);
   }

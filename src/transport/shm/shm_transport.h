@@ -81,7 +81,7 @@ class ShmTransport final : public Transport {
   void wait(Completion& c, const core::Deadline& deadline) override;
   void abort(int code, int blamed_rank, const std::string& reason) override;
   void interrupt(const std::string& reason) override;
-  std::exception_ptr find_cause(std::chrono::milliseconds grace) override;
+  std::exception_ptr find_cause(std::chrono::milliseconds grace, int blamed) override;
   void set_describer(std::function<std::string(const OpTag&)> f) override {
     describe_ = std::move(f);
   }

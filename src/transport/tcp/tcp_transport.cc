@@ -322,7 +322,7 @@ void TcpTransport::abort(int code, int blamed_rank, const std::string& reason) {
   }
 }
 
-std::exception_ptr TcpTransport::find_cause(std::chrono::milliseconds grace) {
+std::exception_ptr TcpTransport::find_cause(std::chrono::milliseconds grace, int blamed) {
   const auto until = core::Clock::now() + grace;
   std::vector<pollfd> open;
   for (;;) {
@@ -330,8 +330,7 @@ std::exception_ptr TcpTransport::find_cause(std::chrono::milliseconds grace) {
     for (const auto& l : links_) {
       if (!l) continue;
       const bool done = l->salvage_notice();
-      // A notice that only reports another lost peer says no more than our own error does.
-      if (l->notice() && l->notice_code() != static_cast<int>(ErrorCode::peer)) return l->notice();
+      if (l->notice() && is_deeper_cause(l->notice(), blamed)) return l->notice();
       if (!done) open.push_back({l->fd(), POLLIN, 0});
     }
     const auto left =

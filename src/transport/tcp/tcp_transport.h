@@ -48,7 +48,7 @@ class TcpTransport final : public Transport {
   void wait(Completion& c, const core::Deadline& deadline) override;
   void abort(int code, int blamed_rank, const std::string& reason) override;
   void interrupt(const std::string& reason) override;
-  std::exception_ptr find_cause(std::chrono::milliseconds grace) override;
+  std::exception_ptr find_cause(std::chrono::milliseconds grace, int blamed) override;
 
   // For error messages: turns a peer's tag into words ("allreduce #3 (float x 100, sum)").
   void set_describer(std::function<std::string(const OpTag&)> f) override {
