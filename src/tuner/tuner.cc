@@ -17,8 +17,17 @@ namespace {
 // from 1 MiB (1.1 ms against 1.5 ms).
 constexpr size_t kRecursiveDoublingMaxBytes = 512 << 10;
 constexpr size_t kSegmentBytes = 512 << 10;
-// Largest allreduce the flat algorithm takes on one host (measured: docs/PERFORMANCE.md).
-constexpr size_t kFlatAllreduceMaxBytes = 4 << 10;
+// Largest allreduce the flat algorithm takes on one host: median us of 3 interleaved rounds,
+// flat / recursive doubling / ring (docs/PERFORMANCE.md):
+//   N=2  4K 0.8/0.8/0.8   8K 1.6/1.5/1.5   16K 3.4/3.2/2.9
+//   N=4  4K 4.8/9.4/10.9  8K 14.0/14.4/13.1 16K 24.3/25.4/14.1
+//   N=8  16K 27/32/65     64K 76/76/117    128K -/170/192
+// so flat up to 8 KiB at N <= 4 and to its limit (64 KiB) beyond, the ring above. Recursive
+// doubling never wins by more than noise on shared memory (and loses up to 7x from 128 KiB at
+// N=4, where whole-buffer exchanges queue behind 4-slot FIFOs), so shared memory skips it.
+size_t flat_allreduce_max_bytes(int world_size) {
+  return world_size <= 4 ? size_t{8} << 10 : SIZE_MAX;
+}
 // Shared memory: one FIFO slot per message. Interleaved medians of 3 rounds at N=2, 4, 8 and
 // 1-256 MiB (docs/PERFORMANCE.md): 4 slots of 256 KiB with 256 KiB messages were best or within
 // noise of the best everywhere; 512 KiB messages (two slots each) lost 5-20% at N=4 and 8, and
@@ -87,7 +96,10 @@ const algorithms::Algorithm* Tuner::pick(const algorithms::Args& args) const {
     return it->second;
   if (args.kind == Collective::allreduce && size_ > 1) {
     // One host: every rank reads every peer's input in place, one step (flat_allreduce.cc).
-    if (shared_memory_ && bytes <= kFlatAllreduceMaxBytes) return flat_allreduce_;
+    if (shared_memory_)
+      return bytes <= flat_allreduce_max_bytes(size_) && bytes <= flat_allreduce_->max_bytes
+                 ? flat_allreduce_
+                 : first_.at(Collective::allreduce);
     // Small buffers: lg N simultaneous exchanges beat the ring's 2(N-1) sequential steps when
     // latency dominates (at N=2: one exchange against two hops).
     if (bytes <= kRecursiveDoublingMaxBytes) return rd_;
