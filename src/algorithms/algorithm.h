@@ -5,8 +5,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -54,11 +54,21 @@ struct Context {
   uint64_t seq;          // the op's sequence number (the same on every rank)
   // A scratch buffer of at least `bytes`, owned by the communicator and reused across calls.
   std::function<void*(size_t bytes)> scratch;
+  // The ring that the ring and chain algorithms run over: ring[p] is the rank at position p,
+  // ring_pos[r] the position of rank r. The communicator orders it by host (seed 001: "the
+  // algorithm functions best if all GPUs on a node are next to each other in the ring"), so each
+  // host has one inbound and one outbound network link. Null: rank order.
+  const int* ring = nullptr;
+  const int* ring_pos = nullptr;
 
   transport::Link& link(int peer, int channel = 0) { return transport.link(peer, channel); }
   void wait(transport::Completion& c) { transport.wait(c, deadline); }
-  int right() const { return (rank + 1) % size; }
-  int left() const { return (rank + size - 1) % size; }
+  // This rank's position in the ring, the position of rank r, and the rank at position p.
+  int pos() const { return pos_of(rank); }
+  int pos_of(int r) const { return ring_pos ? ring_pos[r] : r; }
+  int at(int p) const { return ring ? ring[p] : p; }
+  int right() const { return at((pos() + 1) % size); }
+  int left() const { return at((pos() + size - 1) % size); }
 };
 
 using RunFn = void (*)(Context&, const Args&);

@@ -12,7 +12,8 @@ void chain_broadcast(Context& ctx, const Args& a) {
   const size_t elem = dtype_size(a.dtype);
   char* buf = static_cast<char*>(a.recv);
   const char* src = static_cast<const char*>(a.send);
-  const int pos = (ctx.rank - a.root + n) % n;  // distance from the root along the chain
+  // Distance from the root along the chain (the communicator's ring).
+  const int pos = (ctx.pos() - ctx.pos_of(a.root) + n) % n;
   // Out of place, the root sends from its send buffer and keeps a copy in its receive buffer.
   if (pos == 0 && src != buf && a.count > 0) std::memcpy(buf, src, a.count * elem);
   if (n == 1 || a.count == 0) return;

@@ -18,7 +18,7 @@ void chain_reduce(Context& ctx, const Args& a) {
   }
   if (a.count == 0) return;
   // Position along the chain: the rank after the root starts (0), the root ends (n-1).
-  const int pos = (ctx.rank - a.root - 1 + 2 * n) % n;
+  const int pos = (ctx.pos() - ctx.pos_of(a.root) - 1 + 2 * n) % n;
   transport::Reduction step{a.dtype, a.op, 1};
   transport::Reduction last{a.dtype, a.op, a.op == ReduceOp::avg ? static_cast<uint64_t>(n) : 1};
   // Ranks in the middle keep partial results in scratch: their output buffer is not theirs to use

@@ -13,9 +13,10 @@ void ring_allgather(Context& ctx, const Args& a) {
   const size_t block_bytes = block * elem;
   const char* in = static_cast<const char*>(a.send);
   char* out = static_cast<char*>(a.recv);
-  const int n = ctx.size, r = ctx.rank;
+  // The schedule runs over ring positions; position p's chunk is the block of rank at(p).
+  const int n = ctx.size, r = ctx.pos();
   constexpr int kShift = -1;
-  char* mine = out + static_cast<size_t>(r) * block_bytes;
+  char* mine = out + static_cast<size_t>(ctx.rank) * block_bytes;
   if (in != mine && block_bytes > 0) std::memmove(mine, in, block_bytes);
   if (n == 1) return;
 
@@ -24,7 +25,7 @@ void ring_allgather(Context& ctx, const Args& a) {
     const Range part = split(block, static_cast<size_t>(ctx.channels), static_cast<size_t>(ch));
     transport::Link& right = ctx.link(ctx.right(), ch);
     transport::Link& left = ctx.link(ctx.left(), ch);
-    const RingCuts cuts = RingCuts::blocks(part, block, n, elem, ctx.segment_bytes);
+    const RingCuts cuts = RingCuts::blocks(part, block, n, elem, ctx.segment_bytes, ctx.ring);
     // Step 0 sends our own block; steps 1..n-1 are the allgather steps 0..n-2.
     post_ring_steps(ctx.sliced, n, cuts.slices(), [&](int step_index, size_t s) {
       if (step_index == 0)

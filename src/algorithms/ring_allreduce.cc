@@ -16,7 +16,8 @@ void ring_allreduce(Context& ctx, const Args& a) {
   const size_t elem = dtype_size(a.dtype);
   const char* in = static_cast<const char*>(a.send);
   char* out = static_cast<char*>(a.recv);
-  const int n = ctx.size, r = ctx.rank;
+  // The schedule runs over ring positions: chunks of an allreduce belong to no rank in particular.
+  const int n = ctx.size, r = ctx.pos();
   if (n == 1) {
     if (in != out && a.count > 0) std::memcpy(out, in, a.count * elem);
     return;

@@ -18,10 +18,13 @@ class RingCuts {
   static RingCuts split_chunks(const Range& part, int n, size_t elem, size_t segment_bytes) {
     return RingCuts(part, 0, n, elem, segment_bytes);
   }
-  // reduce_scatter, allgather: chunk j is this channel's part of block j.
-  static RingCuts blocks(const Range& part, size_t block, int n, size_t elem,
-                         size_t segment_bytes) {
-    return RingCuts(part, block, n, elem, segment_bytes);
+  // reduce_scatter, allgather: chunk j is this channel's part of the block of the rank at ring
+  // position j (ring[j], or j without a ring).
+  static RingCuts blocks(const Range& part, size_t block, int n, size_t elem, size_t segment_bytes,
+                         const int* ring = nullptr) {
+    RingCuts c(part, block, n, elem, segment_bytes);
+    c.ring_ = ring;
+    return c;
   }
 
   size_t slices() const { return slices_; }
@@ -44,7 +47,10 @@ class RingCuts {
   }
   Range chunk_range(int chunk) const {
     const auto j = static_cast<size_t>(chunk);
-    if (block_ > 0) return {j * block_ + part_.offset, part_.count};
+    if (block_ > 0) {
+      const size_t b = ring_ ? static_cast<size_t>(ring_[chunk]) : j;
+      return {b * block_ + part_.offset, part_.count};
+    }
     const Range c = split(part_.count, n_, j);
     return {part_.offset + c.offset, c.count};
   }
@@ -54,6 +60,7 @@ class RingCuts {
   size_t n_;
   size_t elem_;
   size_t slices_ = 0;
+  const int* ring_ = nullptr;
 };
 
 // Posts step(t, s) for every step t < steps and slice s < slices. Streamed: step by step, each

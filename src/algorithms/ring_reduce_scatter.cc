@@ -12,7 +12,8 @@ void ring_reduce_scatter(Context& ctx, const Args& a) {
   const size_t block = a.count;  // elements per rank
   const char* in = static_cast<const char*>(a.send);
   char* out = static_cast<char*>(a.recv);
-  const int n = ctx.size, r = ctx.rank;
+  // The schedule runs over ring positions; position p's chunk is the block of rank at(p).
+  const int n = ctx.size, r = ctx.pos();
   constexpr int kShift = -1;
   if (n == 1) {
     if (in != out && block > 0) std::memmove(out, in, block * elem);
@@ -30,7 +31,7 @@ void ring_reduce_scatter(Context& ctx, const Args& a) {
     const Range part = split(block, static_cast<size_t>(ctx.channels), static_cast<size_t>(ch));
     transport::Link& right = ctx.link(ctx.right(), ch);
     transport::Link& left = ctx.link(ctx.left(), ch);
-    const RingCuts cuts = RingCuts::blocks(part, block, n, elem, ctx.segment_bytes);
+    const RingCuts cuts = RingCuts::blocks(part, block, n, elem, ctx.segment_bytes, ctx.ring);
     // Step 0 sends our contribution to the first block; steps 1..n-1 are reduce-scatter steps
     // 0..n-2.
     post_ring_steps(ctx.sliced, n, cuts.slices(), [&](int step_index, size_t s) {
@@ -45,9 +46,9 @@ void ring_reduce_scatter(Context& ctx, const Args& a) {
         if (t < n - 2) {
           left.recv_reduce_send(partial + off, in + off, bytes, step, right, /*keep=*/false, &done);
         } else {
-          // chunk == r: the finished block lands in the output.
-          left.recv_reduce(out + off - static_cast<size_t>(chunk) * block * elem, in + off, bytes,
-                           last, &done);
+          // chunk == r, our own block: the finished block lands in the output.
+          left.recv_reduce(out + off - static_cast<size_t>(ctx.rank) * block * elem, in + off,
+                           bytes, last, &done);
         }
       });
     });

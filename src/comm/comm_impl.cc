@@ -11,6 +11,7 @@
 #include "rendezvous/launch_env.h"
 #include "rendezvous/tcp_store.h"
 #include "ringreduce/error.h"
+#include "transport/hybrid/hybrid_transport.h"
 #include "transport/shm/shm_transport.h"
 #include "transport/tcp/tcp_transport.h"
 #include "transport/topology.h"
@@ -144,17 +145,23 @@ CommImpl::CommImpl(const Options& options) : config_(overrides_from(options)) {
 
   const int64_t channels = config_.integer("RINGREDUCE_CHANNELS");
   if (channels < 1 || channels > 64) throw InvalidArgument("RINGREDUCE_CHANNELS must be 1..64");
-  // Which ranks share this host: they may use shared memory, and they share its cores. (Not
-  // asked when neither matters: shared memory off and the launcher told us the local size.)
+  // Which ranks share a host: they may use shared memory, they share its cores, and the ring
+  // keeps them next to each other.
   const bool shm_allowed = size_ > 1 && config_.str("RINGREDUCE_SHM") != "0";
-  int same_host = 1;
-  if (shm_allowed || local_size < 0) {
-    const auto hosts = transport::exchange_host_identities(*store_, rank_, size_,
-                                                           transport::host_identity(), timeout_);
-    same_host = 0;
-    for (const auto& h : hosts) same_host += h == hosts[static_cast<size_t>(rank_)] ? 1 : 0;
+  std::vector<std::string> hosts(static_cast<size_t>(size_));
+  if (size_ > 1) {
+    const std::string mine = config_.str("RINGREDUCE_HOST_ID").empty()
+                                 ? transport::host_identity()
+                                 : "id:" + config_.str("RINGREDUCE_HOST_ID");
+    hosts = transport::exchange_host_identities(*store_, rank_, size_, mine, timeout_);
   }
+  std::vector<int> local_ranks;
+  for (int q = 0; q < size_; ++q)
+    if (hosts[static_cast<size_t>(q)] == hosts[static_cast<size_t>(rank_)])
+      local_ranks.push_back(q);
+  const int same_host = static_cast<int>(local_ranks.size());
   if (local_size < 0) local_size = same_host;
+  ring_order(hosts);
   // More ranks than cores on this host: polling steals the core from the rank that would
   // produce the data, so poll briefly and yield while doing it.
   const long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -162,8 +169,10 @@ CommImpl::CommImpl(const Options& options) : config_(overrides_from(options)) {
   const int spin_us = config_.has("RINGREDUCE_SPIN_US")
                           ? static_cast<int>(config_.integer("RINGREDUCE_SPIN_US"))
                           : (oversubscribed ? 20 : 50);
-  const bool use_shm = shm_allowed && same_host == size_;
-  if (use_shm) {
+  // Enough yields for every rank that shares this core to run twice.
+  const int max_idle_yields =
+      oversubscribed ? 4 * static_cast<int>((local_size + cores - 1) / cores) : 0;
+  auto make_shm = [&](std::vector<int> locals) {
     transport::shm::ShmOptions sopts;
     sopts.rank = rank_;
     sopts.size = size_;
@@ -171,12 +180,11 @@ CommImpl::CommImpl(const Options& options) : config_(overrides_from(options)) {
     sopts.channels = static_cast<int>(channels);
     sopts.spin_us = spin_us;
     sopts.yield_while_spinning = oversubscribed;
-    // Enough yields for every rank that shares this core to run twice.
-    if (oversubscribed)
-      sopts.max_idle_yields = 4 * static_cast<int>((local_size + cores - 1) / cores);
-    transport_ = std::make_unique<transport::shm::ShmTransport>(sopts, *store_, deadline);
-    link_kind_ = "shm";
-  } else {
+    sopts.max_idle_yields = oversubscribed ? max_idle_yields : sopts.max_idle_yields;
+    sopts.local_ranks = std::move(locals);
+    return std::make_unique<transport::shm::ShmTransport>(sopts, *store_, deadline);
+  };
+  auto make_tcp = [&](std::vector<int> peers) {
     transport::tcp::TcpOptions topts;
     topts.rank = rank_;
     topts.size = size_;
@@ -186,7 +194,26 @@ CommImpl::CommImpl(const Options& options) : config_(overrides_from(options)) {
     topts.yield_while_spinning = oversubscribed;
     topts.spin_us = spin_us;
     topts.store_host = store_host;
-    transport_ = std::make_unique<transport::tcp::TcpTransport>(topts, config_, *store_, deadline);
+    topts.peers = std::move(peers);
+    return std::make_unique<transport::tcp::TcpTransport>(topts, config_, *store_, deadline);
+  };
+  // Every host decides alike, so each pair of ranks agrees on its link's kind: shared memory
+  // between the ranks of a host, TCP between hosts.
+  const bool use_shm = shm_allowed && same_host == size_;
+  if (use_shm) {
+    transport_ = make_shm({});
+    link_kind_ = "shm";
+  } else if (shm_allowed && same_host > 1) {
+    std::vector<int> remote;
+    for (int q = 0; q < size_; ++q)
+      if (hosts[static_cast<size_t>(q)] != hosts[static_cast<size_t>(rank_)]) remote.push_back(q);
+    auto shm = make_shm(local_ranks);
+    auto tcp = make_tcp(std::move(remote));
+    transport_ = std::make_unique<transport::hybrid::HybridTransport>(
+        std::move(shm), std::move(tcp), local_ranks, oversubscribed, max_idle_yields, spin_us);
+    link_kind_ = "shm+tcp";
+  } else {
+    transport_ = make_tcp({});
     link_kind_ = "tcp";
   }
   transport_->set_describer([this](const transport::OpTag& t) { return describe(t); });
@@ -428,7 +455,9 @@ std::exception_ptr CommImpl::execute(OpState& op) {
                               op.plan.channels,
                               op.plan.sliced,
                               op.tag.seq,
-                              [this](size_t bytes) { return scratch(bytes); }};
+                              [this](size_t bytes) { return scratch(bytes); },
+                              ring_.data(),
+                              ring_pos_.data()};
       if (core::log_enabled(core::LogLevel::trace)) {
         const auto started = core::Clock::now();
         RR_LOG(trace, rank_, describe(op.tag), ": ", op.plan.algorithm->name, ", segments of ",
@@ -536,6 +565,24 @@ void CommImpl::abort(const std::string& reason) {
     release_driver();
   }
   done_cv_.notify_all();
+}
+
+void CommImpl::ring_order(const std::vector<std::string>& hosts) {
+  // Hosts in the order of their lowest rank, each host's ranks in rank order. On one host (or
+  // with ranks placed host by host, as launchers do by default) this is rank order.
+  ring_.clear();
+  std::vector<bool> placed(hosts.size(), false);
+  for (size_t r = 0; r < hosts.size(); ++r) {
+    if (placed[r]) continue;
+    for (size_t q = r; q < hosts.size(); ++q)
+      if (!placed[q] && hosts[q] == hosts[r]) {
+        placed[q] = true;
+        ring_.push_back(static_cast<int>(q));
+      }
+  }
+  ring_pos_.assign(hosts.size(), 0);
+  for (size_t p = 0; p < ring_.size(); ++p)
+    ring_pos_[static_cast<size_t>(ring_[p])] = static_cast<int>(p);
 }
 
 void* CommImpl::scratch(size_t bytes) {

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "algorithms/algorithm.h"
 #include "core/config.h"
@@ -80,6 +81,8 @@ class CommImpl {
   // Gives up the driver role (mu_ held) and wakes whoever should drive or wait next.
   void release_driver();
   void* scratch(size_t bytes);
+  // Orders the ring by host (hosts: every rank's host identity).
+  void ring_order(const std::vector<std::string>& hosts);
 
   core::Config config_;
   int rank_ = 0;
@@ -92,6 +95,8 @@ class CommImpl {
   std::unique_ptr<tuner::Tuner> tuner_;
   std::unique_ptr<char[]> scratch_;
   size_t scratch_bytes_ = 0;
+  std::vector<int> ring_;      // rank at each ring position (algorithms::Context::ring)
+  std::vector<int> ring_pos_;  // position of each rank
 
   std::mutex mu_;
   // Two condition variables, so that finishing an op wakes only threads that wait for one: a

@@ -25,9 +25,13 @@ const std::vector<SettingInfo>& all_settings() {
       {"RINGREDUCE_SOCKET_BUFFER", "0",
        "SO_SNDBUF/SO_RCVBUF of data sockets; 0 leaves them to the kernel's autotuning"},
       {"RINGREDUCE_SPIN_US", "",
-       "microseconds to poll before sleeping (default: 50, 5 if oversubscribed)"},
+       "microseconds to poll before sleeping (default 50; with more ranks than cores a waiter "
+       "yields instead and sleeps after 4 fruitless yields per rank sharing its core)"},
       {"RINGREDUCE_SHM", "1",
        "0: ranks on one host talk over TCP loopback instead of shared memory"},
+      {"RINGREDUCE_HOST_ID", "",
+       "names this rank's host for the topology (default: hostname, boot id and network "
+       "namespace); ranks with different ids use TCP between them, e.g. to emulate hosts"},
       {"RINGREDUCE_STORE_SERVER", "1", "0: rank 0 does not host the store (a standalone one runs)"},
   };
   return kSettings;

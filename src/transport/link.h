@@ -78,6 +78,14 @@ class Link {
                                 Link& next, bool keep, Completion* c) = 0;
   // Receives into dst, then sends dst on next.
   virtual void recv_copy_send(void* dst, size_t bytes, Link& next, Completion* c) = 0;
+
+  // How a forward crosses between links of different kinds (a shared-memory link receiving what
+  // a TCP link sends on, and back), where the fused paths cannot apply. Called by the receiving
+  // link, never by algorithms. reserve_forward queues, at posting time, a send of `bytes` from
+  // src that is not ready yet (it holds its place: later sends wait behind it) and counts on c;
+  // forward_ready says the first `ready` bytes at src are final now, in order, up to bytes.
+  virtual void* reserve_forward(const void* src, size_t bytes, Completion* c) = 0;
+  virtual void forward_ready(void* handle, size_t ready) = 0;
 };
 
 // Memory that every rank of a communicator can read: one region per rank, written only by its

@@ -42,12 +42,16 @@ std::string what(const char* call, int n, size_t count, DataType t, ReduceOp op,
          ringreduce::dtype_name(t) + " " + ringreduce::op_name(op) + (in_place ? " in-place" : "");
 }
 
-// The matrix runs over each transport: "shm" (the default for ranks on one host) and "tcp".
+// The matrix runs over each transport: "shm" (the default for ranks on one host), "tcp", and
+// "mix": two emulated hosts, ranks placed alternately (shared memory within a host, TCP between
+// them, the ring reordered by host).
 class Matrix : public ::testing::TestWithParam<std::tuple<int, std::string>> {
  protected:
   int ranks() const { return std::get<0>(GetParam()); }
+  const std::string& kind() const { return std::get<1>(GetParam()); }
   std::map<std::string, std::string> transport(std::map<std::string, std::string> s = {}) const {
-    if (std::get<1>(GetParam()) == "tcp") s["RINGREDUCE_SHM"] = "0";
+    if (kind() == "tcp") s["RINGREDUCE_SHM"] = "0";
+    if (kind() == "mix") s["TEST_HOSTS"] = "2";
     return s;
   }
 };
@@ -95,7 +99,7 @@ TEST_P(Matrix, AllreduceRecursiveDoublingEveryDtypeOpCountPlacement) {
 TEST_P(Matrix, AllreduceFlatEveryDtypeOpCountPlacement) {
   // The flat algorithm reads peers' memory directly: shared memory only (on TCP, forcing it is
   // an error, tested in comm_test). Counts above its limit fall back to the tuner's choice.
-  if (std::get<1>(GetParam()) == "tcp") GTEST_SKIP() << "flat needs shared memory";
+  if (kind() != "shm") GTEST_SKIP() << "flat needs every rank on one host";
   allreduce_matrix(ranks(), "flat", transport());
 }
 
@@ -212,7 +216,8 @@ TEST_P(Matrix, ReduceScatterAllgatherBroadcastReduceAlltoall) {
 INSTANTIATE_TEST_SUITE_P(Ranks, Matrix,
                          ::testing::Combine(::testing::Range(1, 10),
                                             ::testing::Values(std::string("shm"),
-                                                              std::string("tcp"))),
+                                                              std::string("tcp"),
+                                                              std::string("mix"))),
                          [](const auto& info) {
                            return std::get<1>(info.param) + "_N" +
                                   std::to_string(std::get<0>(info.param));

@@ -187,21 +187,23 @@ TEST(Comm, FlatAllreduceAfterRootedOpsKeepsItsInputs) {
   // allreduce, whose window area is the one of the allreduce before the broadcast, while a slower
   // rank still reads that one: the window's reuse guard must hold it. Large flat buffers (slow to
   // read), more threads than cores (readers get preempted) and many rounds make the race likely.
-  run_ranks(4, [](Communicator& comm) {
-    const int n = comm.size(), r = comm.rank();
-    const size_t count = (16 << 10) - 8;  // just under the flat algorithm's limit
-    std::vector<int32_t> a(count), b(count);
-    for (int i = 0; i < 3000; ++i) {
-      const size_t k = static_cast<size_t>(i * 131) % count;
-      std::fill(a.begin(), a.end(), r + i);
-      comm.allreduce(std::span<int32_t>(a), ReduceOp::sum);
-      ASSERT_EQ(a[k], n * i + n * (n - 1) / 2) << "round " << i << " element " << k;
-      ASSERT_EQ(a[count - 1 - k], n * i + n * (n - 1) / 2) << "round " << i;
-      b[0] = b[1] = i;
-      comm.broadcast(b.data(), 2, DataType::i32, i % n);
-      ASSERT_EQ(b[1], i) << "round " << i;
-    }
-  }, {{"RINGREDUCE_ALGO", "allreduce:flat"}});
+  run_ranks(4,
+            [](Communicator& comm) {
+              const int n = comm.size(), r = comm.rank();
+              const size_t count = (16 << 10) - 8;  // just under the flat algorithm's limit
+              std::vector<int32_t> a(count), b(count);
+              for (int i = 0; i < 3000; ++i) {
+                const size_t k = static_cast<size_t>(i * 131) % count;
+                std::fill(a.begin(), a.end(), r + i);
+                comm.allreduce(std::span<int32_t>(a), ReduceOp::sum);
+                ASSERT_EQ(a[k], n * i + n * (n - 1) / 2) << "round " << i << " element " << k;
+                ASSERT_EQ(a[count - 1 - k], n * i + n * (n - 1) / 2) << "round " << i;
+                b[0] = b[1] = i;
+                comm.broadcast(b.data(), 2, DataType::i32, i % n);
+                ASSERT_EQ(b[1], i) << "round " << i;
+              }
+            },
+            {{"RINGREDUCE_ALGO", "allreduce:flat"}});
 }
 
 TEST(Comm, ForcingAWindowAlgorithmWithoutSharedMemoryIsAnError) {
@@ -368,6 +370,10 @@ TEST(Comm, StrangersAtStartUpAreDroppedAndTheJobConnects) {
   // garbage, one a hello with another communicator id, one says nothing at all.
   auto store = ringreduce::make_memory_store();
   std::vector<std::exception_ptr> errors(2);
+  // Rank 0 reads every rank's host identity before it listens: publish rank 1's ahead of it (the
+  // value rank 1 itself will write, given RINGREDUCE_HOST_ID).
+  const std::string host = "id:strangers-test";
+  store->set("rr/host/1", std::vector<uint8_t>(host.begin(), host.end()));
   std::thread rank0([&] {
     try {
       ringreduce::Options o;
@@ -375,7 +381,8 @@ TEST(Comm, StrangersAtStartUpAreDroppedAndTheJobConnects) {
       o.world_size = 2;
       o.store = store;
       o.timeout = 30s;
-      o.settings = {{"RINGREDUCE_SHM", "0"}};  // the strangers knock on the TCP listener
+      // The strangers knock on the TCP listener.
+      o.settings = {{"RINGREDUCE_SHM", "0"}, {"RINGREDUCE_HOST_ID", "strangers-test"}};
       Communicator comm(o);
       std::vector<float> buf(100, 1.0f);
       comm.allreduce(std::span<float>(buf), ReduceOp::sum);
@@ -404,7 +411,7 @@ TEST(Comm, StrangersAtStartUpAreDroppedAndTheJobConnects) {
       o.world_size = 2;
       o.store = store;
       o.timeout = 30s;
-      o.settings = {{"RINGREDUCE_SHM", "0"}};
+      o.settings = {{"RINGREDUCE_SHM", "0"}, {"RINGREDUCE_HOST_ID", "strangers-test"}};
       Communicator comm(o);
       std::vector<float> buf(100, 1.0f);
       comm.allreduce(std::span<float>(buf), ReduceOp::sum);

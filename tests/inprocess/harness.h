@@ -30,9 +30,12 @@ inline std::string unique_prefix() {
 
 // Runs body(comm) on `size` threads, one communicator each; rethrows the first failure after
 // every thread has finished (threads are always joined).
-inline void run_ranks(int size, const std::function<void(ringreduce::Communicator&)>& body,
-                      std::map<std::string, std::string> settings = {},
-                      std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+// `per_rank` may adjust each rank's settings (e.g. RINGREDUCE_HOST_ID to emulate hosts).
+inline void run_ranks(
+    int size, const std::function<void(ringreduce::Communicator&)>& body,
+    std::map<std::string, std::string> settings = {},
+    std::chrono::milliseconds timeout = std::chrono::seconds(60),
+    const std::function<void(int, std::map<std::string, std::string>&)>& per_rank = {}) {
   auto store = ringreduce::make_memory_store();
   const std::string prefix = unique_prefix();
   std::vector<std::exception_ptr> errors(static_cast<size_t>(size));
@@ -47,6 +50,14 @@ inline void run_ranks(int size, const std::function<void(ringreduce::Communicato
         o.store_prefix = prefix;
         o.timeout = timeout;
         o.settings = settings;
+        // "TEST_HOSTS": K emulates K hosts, rank r on host r mod K (interleaved, so the ring must
+        // reorder ranks by host): ranks of one host share memory, the others talk TCP.
+        if (auto it = o.settings.find("TEST_HOSTS"); it != o.settings.end()) {
+          o.settings["RINGREDUCE_HOST_ID"] =
+              "emulated-host-" + std::to_string(r % std::stoi(it->second));
+          o.settings.erase("TEST_HOSTS");
+        }
+        if (per_rank) per_rank(r, o.settings);
         ringreduce::Communicator comm(o);
         body(comm);
       } catch (...) {

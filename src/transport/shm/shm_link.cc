@@ -83,13 +83,31 @@ void ShmLink::send(const void* src, size_t bytes, Completion* c) {
   if (sends_.size() == 1) progress();
 }
 
-void ShmLink::post_recv(RecvOp op) {
+void ShmLink::post_recv(RecvKind kind, void* dst, const void* local, size_t bytes,
+                        const Reduction& r, Link* next, bool keep, Completion* c) {
   if (failed_) throw Error("receive on a failed link to rank " + std::to_string(peer_));
+  RecvOp op;
+  op.kind = kind;
+  op.dst = static_cast<char*>(dst);
+  op.local = static_cast<const char*>(local);
+  op.bytes = bytes;
+  op.keep = keep;
+  op.red = r;
+  op.c = c;
   // The forward takes its place in next's queue now: messages leave in posting order.
-  if (op.next) {
-    op.fwd = op.next->push_send(op.dst, op.bytes, 0, op.c);
+  if (next != nullptr) {
+    // A link of the same kind (and host) takes the forward straight into its slot; another kind
+    // gets it from dst, staged there as it arrives.
+    op.next = dynamic_cast<ShmLink*>(next);
+    if (op.next)
+      op.fwd = op.next->push_send(op.dst, bytes, 0, c);
+    else
+      op.xnext = next, op.xfwd = next->reserve_forward(op.dst, bytes, c);
     // An empty message has nothing to forward: its place in next's queue is all it needs.
-    if (op.bytes == 0) op.kind = RecvKind::plain, op.next = nullptr, op.fwd = nullptr;
+    if (bytes == 0) {
+      if (op.xnext) op.xnext->forward_ready(op.xfwd, 0);
+      op.kind = RecvKind::plain, op.next = nullptr, op.fwd = nullptr, op.xnext = nullptr;
+    }
   }
   ++op.c->outstanding;
   recvs_.push_back(op);
@@ -97,49 +115,32 @@ void ShmLink::post_recv(RecvOp op) {
 }
 
 void ShmLink::recv(void* dst, size_t bytes, Completion* c) {
-  post_recv({RecvKind::plain,
-             static_cast<char*>(dst),
-             nullptr,
-             bytes,
-             0,
-             false,
-             true,
-             {},
-             nullptr,
-             nullptr,
-             c});
+  post_recv(RecvKind::plain, dst, nullptr, bytes, {}, nullptr, true, c);
 }
 
 void ShmLink::recv_reduce(void* dst, const void* local, size_t bytes, const Reduction& r,
                           Completion* c) {
-  post_recv({RecvKind::reduce, static_cast<char*>(dst), static_cast<const char*>(local), bytes, 0,
-             false, true, r, nullptr, nullptr, c});
-}
-
-ShmLink* ShmLink::shm_next(Link& next) {
-  auto* l = dynamic_cast<ShmLink*>(&next);
-  if (!l) throw Error("a shared-memory link can only forward to another shared-memory link");
-  return l;
+  post_recv(RecvKind::reduce, dst, local, bytes, r, nullptr, true, c);
 }
 
 void ShmLink::recv_reduce_send(void* dst, const void* local, size_t bytes, const Reduction& r,
                                Link& next, bool keep, Completion* c) {
-  post_recv({RecvKind::reduce_send, static_cast<char*>(dst), static_cast<const char*>(local), bytes,
-             0, false, keep, r, shm_next(next), nullptr, c});
+  post_recv(RecvKind::reduce_send, dst, local, bytes, r, &next, keep, c);
 }
 
 void ShmLink::recv_copy_send(void* dst, size_t bytes, Link& next, Completion* c) {
-  post_recv({RecvKind::copy_send,
-             static_cast<char*>(dst),
-             nullptr,
-             bytes,
-             0,
-             false,
-             true,
-             {},
-             shm_next(next),
-             nullptr,
-             c});
+  post_recv(RecvKind::copy_send, dst, nullptr, bytes, {}, &next, true, c);
+}
+
+void* ShmLink::reserve_forward(const void* src, size_t bytes, Completion* c) {
+  return push_send(static_cast<const char*>(src), bytes, 0, c);
+}
+
+void ShmLink::forward_ready(void* handle, size_t ready) {
+  auto* f = static_cast<SendOp*>(handle);
+  f->ready = ready;
+  // Eager, as send(): the bytes usually find a free slot at once.
+  if (!sends_.empty() && &sends_.front() == f) progress_sends();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -185,6 +186,17 @@ bool ShmLink::progress_sends() {
   return any;
 }
 
+void ShmLink::stage_cross(RecvOp& op, const char* src, size_t n) {
+  char* d = op.dst + op.done;
+  if (op.kind == RecvKind::copy_send) {
+    std::memcpy(d, src, n);
+    return;
+  }
+  const size_t elem = dtype_size(op.red.dtype);
+  reduce::combine(d, op.local + op.done, src, n / elem, op.red.dtype, op.red.op);
+  if (op.red.divide_by > 1) reduce::divide(d, d, n / elem, op.red.dtype, op.red.divide_by);
+}
+
 bool ShmLink::progress(bool stage) {
   bool any = progress_sends();
   while (!recvs_.empty() && in_has_data()) {
@@ -208,6 +220,21 @@ bool ShmLink::progress(bool stage) {
     const bool direct = op.next != nullptr && op.next->can_forward_now(op.fwd);
     // A forward that cannot go out now waits in our FIFO, unless asked to stage (see header).
     if (op.next != nullptr && !direct && !stage) break;
+    if (op.xnext != nullptr) {
+      // Another kind of link sends it on: stage in dst, then tell it how much is there.
+      stage_cross(op, src, n);
+      in_.control()->tail.store(++in_tail_, std::memory_order_release);
+      owner_->ring(peer_);
+      op.done += n;
+      op.started = true;
+      any = true;
+      op.xnext->forward_ready(op.xfwd, op.done);
+      if (op.done == op.bytes) {
+        --op.c->outstanding;
+        recvs_.pop_front();
+      }
+      continue;
+    }
     switch (op.kind) {
       case RecvKind::plain:
         std::memcpy(op.dst + op.done, src, n);

@@ -33,6 +33,10 @@ class ShmLink final : public Link {
                         bool keep, Completion* c) override;
   // Fused: copies each incoming slot into dst and into next's outgoing slot.
   void recv_copy_send(void* dst, size_t bytes, Link& next, Completion* c) override;
+  // A forward to another kind of link (a TCP link of a rank on another host) is not fused: the
+  // receive stages it in dst and the other link sends it from there as it arrives.
+  void* reserve_forward(const void* src, size_t bytes, Completion* c) override;
+  void forward_ready(void* handle, size_t ready) override;
 
   // Moves what can move now without waiting; with stage, fused receives that cannot forward
   // straight away stage their result in dst instead of waiting. Returns whether anything moved.
@@ -71,25 +75,28 @@ class ShmLink final : public Link {
     OpTag tag;
   };
   struct RecvOp {
-    RecvKind kind;
-    char* dst;
-    const char* local;
-    size_t bytes;
-    size_t done;
-    bool started;
-    bool keep;
+    RecvKind kind = RecvKind::plain;
+    char* dst = nullptr;
+    const char* local = nullptr;
+    size_t bytes = 0;
+    size_t done = 0;
+    bool started = false;
+    bool keep = true;
     Reduction red;
-    ShmLink* next;
-    SendOp* fwd;  // the forward's place in next's queue (deque elements do not move)
-    Completion* c;
+    ShmLink* next = nullptr;  // a fused forward's link
+    SendOp* fwd = nullptr;    // the forward's place in next's queue (deque elements do not move)
+    Link* xnext = nullptr;    // a forward to another kind of link, staged in dst
+    void* xfwd = nullptr;     // its place in xnext's queue
+    Completion* c = nullptr;
   };
   SendOp* push_send(const char* src, size_t bytes, size_t ready, Completion* c);
   // Whether a fused receive may write the next n bytes of forward f straight into our slot.
   bool can_forward_now(const SendOp* f);
   void forwarded(SendOp* f, size_t n);
 
-  void post_recv(RecvOp op);
-  static ShmLink* shm_next(Link& next);
+  void post_recv(RecvKind kind, void* dst, const void* local, size_t bytes, const Reduction& r,
+                 Link* next, bool keep, Completion* c);
+  void stage_cross(RecvOp& op, const char* src, size_t n);
   bool out_has_credit();
   bool in_has_data();
   // Writes n bytes of a message into the next outgoing slot and publishes it.

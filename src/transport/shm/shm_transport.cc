@@ -1,16 +1,16 @@
 #include "transport/shm/shm_transport.h"
 
 #include <errno.h>
+#include <linux/membarrier.h>
 #include <poll.h>
 #include <sched.h>
 #include <string.h>
-#include <linux/membarrier.h>
 #include <sys/epoll.h>
-#include <sys/syscall.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -128,7 +128,17 @@ Mapping& Mapping::operator=(Mapping&& o) noexcept {
 
 ShmTransport::ShmTransport(const ShmOptions& opts, Store& store, const core::Deadline& deadline)
     : opts_(opts) {
-  const size_t nfifos = static_cast<size_t>(opts_.size) * static_cast<size_t>(opts_.channels);
+  local_ranks_ = opts_.local_ranks;
+  if (local_ranks_.empty())
+    for (int q = 0; q < opts_.size; ++q) local_ranks_.push_back(q);
+  local_index_.assign(static_cast<size_t>(opts_.size), -1);
+  for (size_t i = 0; i < local_ranks_.size(); ++i)
+    local_index_.at(static_cast<size_t>(local_ranks_[i])) = static_cast<int>(i);
+  if (local_index_.at(static_cast<size_t>(opts_.rank)) < 0)
+    throw Error("shared-memory transport: this rank is not among the local ranks");
+  // One FIFO per local sender and channel, at the sender's local index.
+  const size_t nfifos = local_ranks_.size() * static_cast<size_t>(opts_.channels);
+  fifo_count_ = nfifos;
   const size_t total = segment_bytes(nfifos);
   memfd_.reset(memfd_create("ringreduce-shm", MFD_CLOEXEC));
   if (!memfd_.valid()) throw Error(errstr("memfd_create failed"));
@@ -159,8 +169,8 @@ ShmTransport::ShmTransport(const ShmOptions& opts, Store& store, const core::Dea
 
   peers_.resize(static_cast<size_t>(opts_.size));
   ring_.assign(static_cast<size_t>(opts_.size), 0);
-  links_.resize(nfifos);
-  if (opts_.size > 1) connect_peers(store, deadline);
+  links_.resize(static_cast<size_t>(opts_.size) * static_cast<size_t>(opts_.channels));
+  if (local_ranks_.size() > 1) connect_peers(store, deadline);
   // The peers have mapped it; nobody needs the fd any more.
   memfd_.reset();
 }
@@ -186,7 +196,7 @@ void ShmTransport::connect_peers(Store& store, const core::Deadline& deadline) {
   // Connect to every peer and send our fds. A connect to a listening abstract socket completes
   // at once from the backlog, so no ordering of ranks can deadlock.
   const auto timeout_ms = std::chrono::milliseconds(deadline.remaining_ms());
-  for (int q = 0; q < size; ++q) {
+  for (int q : local_ranks_) {
     if (q == rank) continue;
     store.get("shm/" + std::to_string(q), timeout_ms);
     core::Fd s(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
@@ -204,22 +214,22 @@ void ShmTransport::connect_peers(Store& store, const core::Deadline& deadline) {
   }
 
   // Accept every peer. A stranger (wrong id, rank or layout) is dropped and logged.
-  int expected = size - 1;
+  int expected = static_cast<int>(local_ranks_.size()) - 1;
   while (expected > 0) {
     if (deadline.expired()) {
       std::string missing;
-      for (int q = 0; q < size; ++q)
+      for (int q : local_ranks_)
         if (q != rank && !peers_[static_cast<size_t>(q)].in_sock.valid())
           missing += " " + std::to_string(q);
       throw TimeoutError("timed out waiting for same-host ranks" + missing + " to connect");
     }
     pollfd pfd{listener.get(), POLLIN, 0};
-    if (poll(&pfd, 1, deadline.remaining_ms(100)) <= 0) continue;
+    if (::poll(&pfd, 1, deadline.remaining_ms(100)) <= 0) continue;
     core::Fd s(accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
     if (!s.valid()) continue;
     // The peer sent its hello right after connecting; give a slow one a moment.
     pollfd in{s.get(), POLLIN, 0};
-    poll(&in, 1, std::min(deadline.remaining_ms(), 1000));
+    ::poll(&in, 1, std::min(deadline.remaining_ms(), 1000));
     ShmHello h;
     core::Fd fd, bell;
     std::string why;
@@ -231,7 +241,7 @@ void ShmTransport::connect_peers(Store& store, const core::Deadline& deadline) {
     else if (h.comm_id != opts_.comm_id)
       why = "belongs to another communicator";
     else if (h.world_size != size || h.channels != opts_.channels || h.rank < 0 || h.rank >= size ||
-             h.rank == rank)
+             h.rank == rank || local_index_[static_cast<size_t>(h.rank)] < 0)
       why = "unexpected rank or shape";
     else if (peers_[static_cast<size_t>(h.rank)].in_sock.valid())
       why = "duplicate connection";
@@ -243,7 +253,7 @@ void ShmTransport::connect_peers(Store& store, const core::Deadline& deadline) {
       if (p == MAP_FAILED) throw Error(errstr("mapping a peer's shared-memory segment failed"));
       Mapping seg(p, n);
       const SegmentHeader* sh = seg.header();
-      const size_t nfifos = static_cast<size_t>(size) * static_cast<size_t>(opts_.channels);
+      const size_t nfifos = fifo_count_;
       if (sh->magic != kSegmentMagic || sh->comm_id != opts_.comm_id || sh->owner_rank != h.rank ||
           sh->total_bytes != n || n != segment_bytes(nfifos) || sh->fifo_count != nfifos ||
           sh->fifo_stride != kFifoStride) {
@@ -260,7 +270,7 @@ void ShmTransport::connect_peers(Store& store, const core::Deadline& deadline) {
     RR_LOG(warn, rank, "dropped a shared-memory connection during start-up: ", why);
   }
 
-  for (int q = 0; q < size; ++q) {
+  for (int q : local_ranks_) {
     if (q == rank) continue;
     Peer& peer = peers_[static_cast<size_t>(q)];
     // Liveness: the peer's socket reports EOF or HUP when its process (or communicator) is gone.
@@ -269,19 +279,23 @@ void ShmTransport::connect_peers(Store& store, const core::Deadline& deadline) {
     ev.data.u64 = static_cast<uint64_t>(q);
     epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, peer.in_sock.get(), &ev);
     for (int ch = 0; ch < opts_.channels; ++ch) {
-      // Our FIFO from q lives in our segment at q's index; our FIFO to q in q's at ours.
-      Fifo in = fifo_at(mine_.get(), static_cast<size_t>(q * opts_.channels + ch));
-      Fifo out = fifo_at(peer.segment.get(), static_cast<size_t>(rank * opts_.channels + ch));
+      // Our FIFO from q lives in our segment at q's local index; our FIFO to q in q's at ours.
+      const auto fifo = [&](int r) {
+        return static_cast<size_t>(local_index_[static_cast<size_t>(r)] * opts_.channels + ch);
+      };
+      Fifo in = fifo_at(mine_.get(), fifo(q));
+      Fifo out = fifo_at(peer.segment.get(), fifo(rank));
       auto l = std::make_unique<ShmLink>(this, q, in, out);
       active_.push_back(l.get());
       links_[static_cast<size_t>(q * opts_.channels + ch)] = std::move(l);
     }
   }
   asymmetric_fence_ = mine_.header()->membarrier_ok != 0;
-  for (int q = 0; q < size; ++q)
+  for (int q : local_ranks_)
     if (q != rank && peers_[static_cast<size_t>(q)].segment.header()->membarrier_ok == 0)
       asymmetric_fence_ = false;
-  RR_LOG(info, rank, "connected to ", size - 1, " same-host peers over shared memory",
+  RR_LOG(info, rank, "connected to ", local_ranks_.size() - 1,
+         " same-host peers over shared memory",
          asymmetric_fence_ ? "" : " (no membarrier: every wake-up check fences)");
 }
 
@@ -332,20 +346,18 @@ bool ShmTransport::read_peer_tag(int q, OpTag* tag) {
 }
 
 void ShmTransport::check_peer_calls() {
-  for (int q = 0; q < opts_.size; ++q) {
+  for (int q : local_ranks_) {
     if (q == opts_.rank) continue;
     OpTag t;
     if (read_peer_tag(q, &t) && t.seq == tag_.seq && !(t == tag_))
-      throw MismatchError("mismatched call: rank " + std::to_string(q) + " issued " +
-                          describe(t));
+      throw MismatchError("mismatched call: rank " + std::to_string(q) + " issued " + describe(t));
   }
 }
 
 const char* ShmTransport::window_of(int rank) const {
   if (rank == opts_.rank) return mine_window_;
-  const size_t nfifos = static_cast<size_t>(opts_.size) * static_cast<size_t>(opts_.channels);
   return static_cast<const char*>(peers_[static_cast<size_t>(rank)].segment.get()) +
-         window_offset(nfifos);
+         window_offset(fifo_count_);
 }
 
 Link& ShmTransport::link(int peer, int channel) {
@@ -386,25 +398,25 @@ void ShmTransport::flush_rings() {
   }
 }
 
-template <class Recheck>
-void ShmTransport::sleep(const core::Deadline& deadline, Recheck&& recheck) {
+int ShmTransport::begin_sleep() {
   SegmentHeader* h = mine_.header();
   h->sleeping.store(1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   // Every peer's store before this point is visible now, and every later one is followed by a
-  // load that sees our flag (see asymmetric_fence_).
-  // (Should it ever fail, a store could slip past this recheck: then only nap.)
-  int cap_ms = 1000;
+  // load that sees our flag (see asymmetric_fence_). Should membarrier ever fail, a store could
+  // slip past the caller's recheck: then only nap.
   if (asymmetric_fence_ && syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL_EXPEDITED, 0, 0) != 0)
-    cap_ms = 1;
-  // Whatever a peer published before it could see the flag is found by this pass.
-  if (recheck()) {
-    h->sleeping.store(0, std::memory_order_relaxed);
-    return;
-  }
+    return 1;
+  return 1000;
+}
+
+void ShmTransport::end_sleep() {
+  mine_.header()->sleeping.store(0, std::memory_order_relaxed);
+}
+
+void ShmTransport::handle_events(int timeout_ms) {
   epoll_event events[16];
-  int n = epoll_wait(epoll_.get(), events, 16, deadline.remaining_ms(cap_ms));
-  h->sleeping.store(0, std::memory_order_relaxed);
+  int n = epoll_wait(epoll_.get(), events, 16, timeout_ms);
   for (int i = 0; i < n; ++i) {
     if (events[i].data.u64 == kDoorbellEvent) {
       uint64_t v;
@@ -423,6 +435,34 @@ void ShmTransport::sleep(const core::Deadline& deadline, Recheck&& recheck) {
   }
 }
 
+void ShmTransport::throw_if_notice() {
+  // A peer is failing the job: fail this op now with its reason rather than at the deadline.
+  for (ShmLink* l : active_)
+    if (l->has_notice()) std::rethrow_exception(l->notice());
+}
+
+int ShmTransport::stuck_peer(bool* sending) const {
+  *sending = false;
+  for (ShmLink* l : active_)
+    if (l->has_pending_recv()) return l->peer();
+  *sending = true;
+  for (ShmLink* l : active_)
+    if (l->has_pending_send()) return l->peer();
+  return -1;
+}
+
+template <class Recheck>
+void ShmTransport::sleep(const core::Deadline& deadline, Recheck&& recheck) {
+  const int cap_ms = begin_sleep();
+  // Whatever a peer published before it could see the flag is found by this pass.
+  if (recheck()) {
+    end_sleep();
+    return;
+  }
+  handle_events(deadline.remaining_ms(cap_ms));
+  end_sleep();
+}
+
 template <class Poll, class Moved, class OnTimeout>
 void ShmTransport::drive(Poll&& poll, Moved&& moved, OnTimeout&& on_timeout,
                          const core::Deadline& deadline) {
@@ -439,9 +479,7 @@ void ShmTransport::drive(Poll&& poll, Moved&& moved, OnTimeout&& on_timeout,
     }
     if (poll()) return;
     const bool any = moved();
-    // A peer is failing the job: fail this op now with its reason rather than at the deadline.
-    for (ShmLink* l : active_)
-      if (l->has_notice()) std::rethrow_exception(l->notice());
+    throw_if_notice();
     if (deadline.expired()) on_timeout();
     if (opts_.yield_while_spinning) {
       // Ranks outnumber cores: the data we wait for comes from a rank that needs this core.
@@ -487,8 +525,7 @@ void ShmTransport::ShmWindow::notify() {
   t_->flush_rings();
 }
 
-void ShmTransport::ShmWindow::wait(ReadyFn ready, int waiting_for,
-                                   const core::Deadline& deadline) {
+void ShmTransport::ShmWindow::wait(ReadyFn ready, int waiting_for, const core::Deadline& deadline) {
   if (ready()) return;
   // A peer on another core usually stamps within a cache-line transfer of us: watch for that
   // alone first, without the engine's checks and clock reads. Not when ranks outnumber cores:
@@ -520,8 +557,7 @@ void ShmTransport::ShmWindow::wait(ReadyFn ready, int waiting_for,
 void ShmTransport::ShmWindow::mismatch(int rank) {
   OpTag t;
   bool read = false;
-  for (int tries = 0; tries < 1000 && !(read = t_->read_peer_tag(rank, &t)); ++tries)
-    sched_yield();
+  for (int tries = 0; tries < 1000 && !(read = t_->read_peer_tag(rank, &t)); ++tries) sched_yield();
   throw MismatchError("mismatched call: rank " + std::to_string(rank) + " issued " +
                       (read && t.seq == t_->tag_.seq ? t_->describe(t) : "another call"));
 }
@@ -544,14 +580,11 @@ void ShmTransport::ShmWindow::wait_all_reached(uint64_t seq, const core::Deadlin
 }
 
 void ShmTransport::throw_timeout() {
-  for (ShmLink* l : active_)
-    if (l->has_pending_recv())
-      throw TimeoutError("timed out waiting for rank " + std::to_string(l->peer()));
-  for (ShmLink* l : active_)
-    if (l->has_pending_send())
-      throw TimeoutError("timed out waiting for rank " + std::to_string(l->peer()) +
-                         " to take our data");
-  throw TimeoutError("timed out");
+  bool sending = false;
+  const int q = stuck_peer(&sending);
+  if (q < 0) throw TimeoutError("timed out");
+  throw TimeoutError("timed out waiting for rank " + std::to_string(q) +
+                     (sending ? " to take our data" : ""));
 }
 
 void ShmTransport::abort(int code, int blamed_rank, const std::string& reason) {

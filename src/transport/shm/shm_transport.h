@@ -37,6 +37,9 @@ struct ShmOptions {
   int size = 1;
   int channels = 1;
   uint64_t comm_id = 0;
+  // The communicator's ranks on this host, in rank order, this one among them; empty: all. A
+  // HybridTransport gives the ranks it shares the host with; links to the others are TCP ones.
+  std::vector<int> local_ranks;
   int spin_us = 50;
   // Ranks outnumber cores: instead of spinning for spin_us, a waiter yields its core at once and
   // sleeps after this many yields in a row found nothing to do. Counting yields rather than
@@ -76,7 +79,10 @@ class ShmTransport final : public Transport {
   int size() const override { return opts_.size; }
   int channels() const override { return opts_.channels; }
   Link& link(int peer, int channel) override;
-  Window* window() override { return &window_; }
+  // Only when every rank is here: the window algorithms read every rank's region.
+  Window* window() override {
+    return local_ranks_.size() == static_cast<size_t>(opts_.size) ? &window_ : nullptr;
+  }
   void begin_op(const OpTag& tag) override;
   void wait(Completion& c, const core::Deadline& deadline) override;
   void abort(int code, int blamed_rank, const std::string& reason) override;
@@ -87,6 +93,23 @@ class ShmTransport final : public Transport {
   }
 
   std::string describe(const OpTag& t) const { return describe_ ? describe_(t) : "an op"; }
+
+  // The engine's parts, for a transport that drives shared-memory and TCP links together
+  // (HybridTransport). poll: one pass over the links (staging forwards that wait for room when
+  // `stage`), then the wake-ups it owes; returns whether anything moved.
+  bool poll(bool stage) { return progress_all(stage); }
+  void throw_if_notice();
+  void check_calls() { check_peer_calls(); }
+  // Readable when a peer rings our doorbell or a peer's process goes away.
+  int event_fd() const { return epoll_.get(); }
+  // Raises the sleep flag that makes peers ring us (see asymmetric_fence_); returns the longest
+  // sleep that is safe, in ms. end_sleep lowers it.
+  int begin_sleep();
+  void end_sleep();
+  // Reads the doorbell and the peers' sockets, without blocking.
+  void handle_events(int timeout_ms = 0);
+  // The peer a timed-out wait is pinned on (a pending receive first), or -1.
+  int stuck_peer(bool* sending) const;
   const OpTag& tag() const { return tag_; }
   // Called by links that published or released a slot: the peer is woken at the end of the pass
   // if it sleeps.
@@ -147,6 +170,9 @@ class ShmTransport final : public Transport {
   std::vector<Peer> peers_;  // by rank; empty for self
   std::vector<std::unique_ptr<ShmLink>> links_;
   std::vector<ShmLink*> active_;  // every link, for the progress loop
+  std::vector<int> local_ranks_;  // the ranks on this host (this one too)
+  std::vector<int> local_index_;  // by rank: its index in local_ranks_, or -1
+  size_t fifo_count_ = 0;         // in every local rank's segment
   std::vector<uint8_t> ring_;
   OpTag tag_;
   uint64_t fingerprint_ = 0;

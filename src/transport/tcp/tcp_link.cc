@@ -49,7 +49,7 @@ uint32_t TcpLink::wanted_events() const {
   // Keep reading while the inbox has room: that is how an abort notice from the peer is seen even
   // when no receive is posted. A full inbox with nothing to drain it waits for a post.
   if (inbox_end_ < kInboxBytes || inbox_begin_ > 0 || !recvs_.empty()) ev |= EPOLLIN;
-  if (!sends_.empty() && sends_.front().ready) ev |= EPOLLOUT;
+  if (!sends_.empty() && sends_.front().written < writable_prefix(sends_.front())) ev |= EPOLLOUT;
   return ev;
 }
 
@@ -65,7 +65,7 @@ TcpLink::SendOp* TcpLink::enqueue_send(const void* src, size_t bytes, Completion
   op.bytes = bytes;
   op.written = 0;
   op.c = c;
-  op.ready = ready;
+  op.ready = ready ? bytes : 0;
   if (c) ++c->outstanding;
   const bool was_idle = sends_.empty();
   sends_.push_back(op);
@@ -77,10 +77,25 @@ TcpLink::SendOp* TcpLink::enqueue_send(const void* src, size_t bytes, Completion
   return placed;
 }
 
-void TcpLink::release_forward(SendOp* f) {
-  f->ready = true;
+size_t TcpLink::writable_prefix(const SendOp& op) {
+  if (op.ready == op.bytes) return sizeof(FrameHeader) + op.bytes;
+  // The header only goes with the first ready bytes: until then the stream stays at a frame
+  // boundary, where an abort notice can still be sent instead.
+  return op.ready > 0 ? sizeof(FrameHeader) + op.ready : 0;
+}
+
+void TcpLink::set_ready(SendOp* f, size_t ready) {
+  f->ready = ready;
   if (&sends_.front() == f) on_writable();
   owner_->update_interest(*this);
+}
+
+void* TcpLink::reserve_forward(const void* src, size_t bytes, Completion* c) {
+  return enqueue_send(src, bytes, c, /*ready=*/false);
+}
+
+void TcpLink::forward_ready(void* handle, size_t ready) {
+  set_ready(static_cast<SendOp*>(handle), ready);
 }
 
 void TcpLink::send(const void* src, size_t bytes, Completion* c) {
@@ -93,27 +108,30 @@ void TcpLink::send(const void* src, size_t bytes, Completion* c) {
 
 void TcpLink::on_writable() {
   size_t budget = kIoBudget;
-  while (!sends_.empty() && sends_.front().ready && budget > 0) {
+  while (!sends_.empty() && sends_.front().written < writable_prefix(sends_.front()) &&
+         budget > 0) {
     // Gather as many queued frames as fit in one sendmsg: small messages then cost one syscall
     // for many frames.
     iovec iov[kMaxIov];
     int n = 0;
     size_t total = 0;
-    for (auto it = sends_.begin();
-         it != sends_.end() && it->ready && n + 2 <= kMaxIov && total < budget; ++it) {
-      size_t hdr = sizeof(FrameHeader);
+    for (auto it = sends_.begin(); it != sends_.end() && n + 2 <= kMaxIov && total < budget; ++it) {
+      const size_t hdr = sizeof(FrameHeader);
+      const size_t limit = writable_prefix(*it);
+      if (it->written >= limit) break;
       if (it->written < hdr) {
         iov[n++] = {reinterpret_cast<char*>(&it->header) + it->written, hdr - it->written};
         total += hdr - it->written;
-        if (it->bytes > 0) {
-          iov[n++] = {const_cast<char*>(it->data), it->bytes};
-          total += it->bytes;
+        if (limit > hdr) {
+          iov[n++] = {const_cast<char*>(it->data), limit - hdr};
+          total += limit - hdr;
         }
       } else {
         size_t off = it->written - hdr;
-        iov[n++] = {const_cast<char*>(it->data) + off, it->bytes - off};
-        total += it->bytes - off;
+        iov[n++] = {const_cast<char*>(it->data) + off, limit - hdr - off};
+        total += limit - hdr - off;
       }
+      if (limit < hdr + it->bytes) break;  // a partly ready frame: nothing after it may go yet
     }
     msghdr msg{};
     msg.msg_iov = iov;
@@ -148,10 +166,24 @@ void TcpLink::on_writable() {
 // ---------------------------------------------------------------------------------------------
 // Receiving
 
-void TcpLink::post_recv(RecvOp op) {
+void TcpLink::post_recv(RecvKind kind, void* dst, const void* local, size_t bytes,
+                        const Reduction& r, Link* next, Completion* c) {
   if (failed_) throw Error("receive on a failed link to rank " + std::to_string(peer_));
+  RecvOp op;
+  op.kind = kind;
+  op.dst = static_cast<char*>(dst);
+  op.local = static_cast<const char*>(local);
+  op.bytes = bytes;
+  op.red = r;
+  op.c = c;
   // The forward takes its place in next's queue now: frames leave in posting order.
-  if (op.next) op.fwd = op.next->enqueue_send(op.dst, op.bytes, op.c, /*ready=*/false);
+  if (next) {
+    op.next = dynamic_cast<TcpLink*>(next);
+    if (op.next)
+      op.fwd = op.next->enqueue_send(op.dst, op.bytes, op.c, /*ready=*/false);
+    else
+      op.xnext = next, op.xfwd = next->reserve_forward(op.dst, op.bytes, op.c);
+  }
   ++op.c->outstanding;
   recvs_.push_back(op);
   // What already sits in the inbox may complete it without a syscall.
@@ -161,31 +193,21 @@ void TcpLink::post_recv(RecvOp op) {
 }
 
 void TcpLink::recv(void* dst, size_t bytes, Completion* c) {
-  post_recv({RecvKind::plain, static_cast<char*>(dst), nullptr, bytes, 0, {}, nullptr, nullptr, c});
+  post_recv(RecvKind::plain, dst, nullptr, bytes, {}, nullptr, c);
 }
 
 void TcpLink::recv_reduce(void* dst, const void* local, size_t bytes, const Reduction& r,
                           Completion* c) {
-  post_recv({RecvKind::reduce, static_cast<char*>(dst), static_cast<const char*>(local), bytes, 0,
-             r, nullptr, nullptr, c});
+  post_recv(RecvKind::reduce, dst, local, bytes, r, nullptr, c);
 }
 
 void TcpLink::recv_reduce_send(void* dst, const void* local, size_t bytes, const Reduction& r,
                                Link& next, bool /*keep: dst always holds it*/, Completion* c) {
-  post_recv({RecvKind::reduce_send, static_cast<char*>(dst), static_cast<const char*>(local), bytes,
-             0, r, &static_cast<TcpLink&>(next), nullptr, c});
+  post_recv(RecvKind::reduce_send, dst, local, bytes, r, &next, c);
 }
 
 void TcpLink::recv_copy_send(void* dst, size_t bytes, Link& next, Completion* c) {
-  post_recv({RecvKind::copy_send,
-             static_cast<char*>(dst),
-             nullptr,
-             bytes,
-             0,
-             {},
-             &static_cast<TcpLink&>(next),
-             nullptr,
-             c});
+  post_recv(RecvKind::copy_send, dst, nullptr, bytes, {}, &next, c);
 }
 
 void TcpLink::finish_recv() {
@@ -194,7 +216,8 @@ void TcpLink::finish_recv() {
   in_header_ready_ = false;
   in_header_checked_ = false;
   // The forward, queued at posting, may go now; the completion waits for it too.
-  if (op.next) op.next->release_forward(op.fwd);
+  if (op.next) op.next->set_ready(op.fwd, op.bytes);
+  pass_on(op);
   --op.c->outstanding;
 }
 
@@ -275,7 +298,10 @@ void TcpLink::drain_inbox() {
     op.done += take;
     inbox_begin_ += take;
     if (inbox_begin_ == inbox_end_) inbox_begin_ = inbox_end_ = 0;
-    if (op.done < op.bytes) return;
+    if (op.done < op.bytes) {
+      pass_on(op);
+      return;
+    }
     finish_recv();
   }
 }
@@ -297,7 +323,10 @@ void TcpLink::on_readable() {
         if (r > 0) {
           op.done += static_cast<size_t>(r);
           budget -= std::min(budget, static_cast<size_t>(r));
-          if (op.done == op.bytes) finish_recv();
+          if (op.done == op.bytes)
+            finish_recv();
+          else
+            pass_on(op);
           continue;
         }
         if (r == 0) return peer_closed(0);

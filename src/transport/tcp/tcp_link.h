@@ -32,6 +32,11 @@ class TcpLink final : public Link {
   void recv_reduce_send(void* dst, const void* local, size_t bytes, const Reduction& r, Link& next,
                         bool keep, Completion* c) override;
   void recv_copy_send(void* dst, size_t bytes, Link& next, Completion* c) override;
+  // Forwards between a TCP link and another kind (shared memory): see Link. A frame whose bytes
+  // are only partly ready goes out up to there (its header first), and nothing queued after it
+  // goes before it is complete.
+  void* reserve_forward(const void* src, size_t bytes, Completion* c) override;
+  void forward_ready(void* handle, size_t ready) override;
 
   // Called by the engine. Each does a bounded amount of work so one busy link cannot starve the
   // others, and throws PeerError / MismatchError on a broken or mismatched peer.
@@ -68,24 +73,35 @@ class TcpLink final : public Link {
     size_t bytes;    // payload bytes
     size_t written;  // of header + payload
     Completion* c;   // may be null (abort notice)
-    bool ready;      // false for a forward whose receive has not finished: it holds the queue
+    // Payload bytes final at data. A forward is queued at posting with none: it holds its place
+    // (and everything queued after it) until its receive makes them ready.
+    size_t ready;
   };
+  // How much of op's frame (header + payload) may be written now.
+  static size_t writable_prefix(const SendOp& op);
   struct RecvOp {
-    RecvKind kind;
-    char* dst;
-    const char* local;
-    size_t bytes;
-    size_t done;
+    RecvKind kind = RecvKind::plain;
+    char* dst = nullptr;
+    const char* local = nullptr;
+    size_t bytes = 0;
+    size_t done = 0;
     Reduction red;
-    TcpLink* next;
-    SendOp* fwd;  // the forward's place in next's queue (deque elements do not move)
-    Completion* c;
+    TcpLink* next = nullptr;  // a forward on another TCP link
+    SendOp* fwd = nullptr;    // its place in next's queue (deque elements do not move)
+    Link* xnext = nullptr;    // a forward on another kind of link
+    void* xfwd = nullptr;     // its place in xnext's queue
+    Completion* c = nullptr;
   };
 
-  void post_recv(RecvOp op);
+  void post_recv(RecvKind kind, void* dst, const void* local, size_t bytes, const Reduction& r,
+                 Link* next, Completion* c);
   // Queues a frame; a forward is queued not ready, at posting, and released by its receive.
   SendOp* enqueue_send(const void* src, size_t bytes, Completion* c, bool ready = true);
-  void release_forward(SendOp* f);
+  void set_ready(SendOp* f, size_t ready);
+  // A receive's bytes up to op.done are final in dst: a forward on another kind may take them.
+  static void pass_on(RecvOp& op) {
+    if (op.xnext) op.xnext->forward_ready(op.xfwd, op.done);
+  }
   // Consumes what the inbox holds into posted receives, until it needs more bytes.
   void drain_inbox();
   void finish_recv();

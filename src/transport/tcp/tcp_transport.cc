@@ -57,6 +57,9 @@ TcpTransport::TcpTransport(const TcpOptions& opts, const core::Config& config, S
   ev.data.ptr = nullptr;  // the wake-up fd
   epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_.get(), &ev);
   links_.resize(static_cast<size_t>(opts_.size) * static_cast<size_t>(opts_.channels));
+  connect_.assign(static_cast<size_t>(opts_.size), opts_.peers.empty());
+  for (int q : opts_.peers) connect_.at(static_cast<size_t>(q)) = true;
+  connect_[static_cast<size_t>(opts_.rank)] = false;
   if (opts_.size > 1) {
     connect_mesh(config, store, deadline);
   } else {
@@ -91,7 +94,9 @@ void TcpTransport::connect_mesh(const core::Config& config, Store& store,
 
   std::vector<SockAddr> peers(static_cast<size_t>(size));
   const auto timeout_ms = std::chrono::milliseconds(deadline.remaining_ms());
+  auto wanted = [&](int q) { return connect_[static_cast<size_t>(q)]; };
   for (int q = 0; q < rank; ++q) {
+    if (!wanted(q)) continue;
     std::string v = from_bytes(store.get("addr/" + std::to_string(q), timeout_ms));
     auto a = v.find('|'), b = v.find('|', a + 1);
     if (a == std::string::npos || b == std::string::npos ||
@@ -122,6 +127,7 @@ void TcpTransport::connect_mesh(const core::Config& config, Store& store,
   };
   std::vector<Outgoing> outgoing;
   for (int q = 0; q < rank; ++q) {
+    if (!wanted(q)) continue;
     for (int ch = 0; ch < channels; ++ch) {
       core::Fd fd = connect_to(peers[static_cast<size_t>(q)], deadline);
       Hello h = make_hello(ch);
@@ -135,7 +141,8 @@ void TcpTransport::connect_mesh(const core::Config& config, Store& store,
 
   // Phase 2: accept every higher rank. Hellos are read with non-blocking state machines so that a
   // stranger that connects and says nothing (or trickles bytes) cannot hold up the job.
-  int expected = (size - 1 - rank) * channels;
+  int expected = 0;
+  for (int q = rank + 1; q < size; ++q) expected += wanted(q) ? channels : 0;
   std::vector<PendingAccept> pending;
   set_nonblocking(listener_.get());
   while (expected > 0) {
@@ -143,7 +150,7 @@ void TcpTransport::connect_mesh(const core::Config& config, Store& store,
       std::string missing;
       for (int q = rank + 1; q < size; ++q)
         for (int ch = 0; ch < channels; ++ch)
-          if (!slot(q, ch)) missing += " " + std::to_string(q);
+          if (wanted(q) && !slot(q, ch)) missing += " " + std::to_string(q);
       throw TimeoutError("timed out waiting for ranks" + missing + " to connect");
     }
     std::vector<pollfd> pfds;
@@ -178,7 +185,7 @@ void TcpTransport::connect_mesh(const core::Config& config, Store& store,
           why = "belongs to another communicator";
         else if (h.world_size != size)
           why = "world size " + std::to_string(h.world_size);
-        else if (h.rank <= rank || h.rank >= size)
+        else if (h.rank <= rank || h.rank >= size || !wanted(h.rank))
           why = "unexpected rank " + std::to_string(h.rank);
         else if (h.channel < 0 || h.channel >= channels)
           why = "bad channel";
@@ -259,42 +266,76 @@ void TcpTransport::update_interest(TcpLink& link) {
   link.registered_events = want;
 }
 
+namespace {
+char kWatchedMarker;  // epoll data of an fd added with watch()
+}  // namespace
+
+void TcpTransport::watch(int fd) {
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = &kWatchedMarker;
+  if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0)
+    throw Error(std::string("epoll_ctl failed: ") + strerror(errno));
+}
+
+bool TcpTransport::poll_events(int timeout_ms, bool* watched) {
+  epoll_event events[64];
+  int n = epoll_wait(epoll_.get(), events, 64, timeout_ms);
+  if (n < 0) {
+    if (errno == EINTR) return false;
+    throw Error(std::string("epoll_wait failed: ") + strerror(errno));
+  }
+  bool any = false;
+  for (int i = 0; i < n; ++i) {
+    if (events[i].data.ptr == nullptr) {
+      uint64_t v;
+      ssize_t ignored = ::read(wake_.get(), &v, sizeof v);
+      (void)ignored;
+      continue;
+    }
+    if (events[i].data.ptr == &kWatchedMarker) {
+      if (watched) *watched = true;
+      continue;
+    }
+    auto* link = static_cast<TcpLink*>(events[i].data.ptr);
+    if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) link->on_readable();
+    if (events[i].events & (EPOLLOUT | EPOLLERR)) link->on_writable();
+    update_interest(*link);
+    any = true;
+  }
+  return any;
+}
+
+void TcpTransport::throw_if_notice() {
+  if (!notices_) return;
+  for (const auto& l : links_)
+    if (l && l->notice()) std::rethrow_exception(l->notice());
+}
+
+int TcpTransport::stuck_peer(bool* sending) const {
+  *sending = false;
+  for (const auto& l : links_)
+    if (l && l->has_pending_recv()) return l->peer();
+  *sending = true;
+  for (const auto& l : links_)
+    if (l && l->has_pending_send()) return l->peer();
+  return -1;
+}
+
 void TcpTransport::wait(Completion& c, const core::Deadline& deadline) {
   using namespace std::chrono;
   const auto spin_until = core::Clock::now() + microseconds(opts_.spin_us);
-  epoll_event events[64];
   while (!c.done()) {
     if (interrupted_.load(std::memory_order_acquire)) {
       std::lock_guard<std::mutex> lock(interrupt_mu_);
       throw Error(interrupt_reason_, ErrorCode::aborted);
     }
-    const auto now = core::Clock::now();
-    const bool spinning = now < spin_until;
-    int timeout = spinning ? 0 : std::min(deadline.remaining_ms(), 1000);
-    int n = epoll_wait(epoll_.get(), events, 64, timeout);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw Error(std::string("epoll_wait failed: ") + strerror(errno));
-    }
-    for (int i = 0; i < n; ++i) {
-      if (events[i].data.ptr == nullptr) {
-        uint64_t v;
-        ssize_t ignored = ::read(wake_.get(), &v, sizeof v);
-        (void)ignored;
-        continue;
-      }
-      auto* link = static_cast<TcpLink*>(events[i].data.ptr);
-      if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) link->on_readable();
-      if (events[i].events & (EPOLLOUT | EPOLLERR)) link->on_writable();
-      update_interest(*link);
-    }
-    if (notices_ && !c.done()) {
-      // A peer is failing the job: fail this op now with its reason rather than at the
-      // deadline, even if this op does not wait on that peer.
-      for (const auto& l : links_)
-        if (l && l->notice()) std::rethrow_exception(l->notice());
-    }
-    if (n == 0 && spinning && opts_.yield_while_spinning) sched_yield();
+    const bool spinning = core::Clock::now() < spin_until;
+    const bool any = poll_events(spinning ? 0 : std::min(deadline.remaining_ms(), 1000));
+    // A peer is failing the job: fail this op now with its reason rather than at the deadline,
+    // even if this op does not wait on that peer.
+    if (!c.done()) throw_if_notice();
+    if (!any && spinning && opts_.yield_while_spinning) sched_yield();
     // Checked on every pass, not only when epoll_wait times out: a link that keeps reporting
     // events without progress must not extend the wait past its deadline.
     if (!c.done() && deadline.expired()) throw_timeout(deadline);
@@ -302,14 +343,11 @@ void TcpTransport::wait(Completion& c, const core::Deadline& deadline) {
 }
 
 void TcpTransport::throw_timeout(const core::Deadline&) {
-  for (const auto& l : links_)
-    if (l && l->has_pending_recv())
-      throw TimeoutError("timed out waiting for rank " + std::to_string(l->peer()));
-  for (const auto& l : links_)
-    if (l && l->has_pending_send())
-      throw TimeoutError("timed out waiting for rank " + std::to_string(l->peer()) +
-                         " to take our data");
-  throw TimeoutError("timed out");
+  bool sending = false;
+  const int q = stuck_peer(&sending);
+  if (q < 0) throw TimeoutError("timed out");
+  throw TimeoutError("timed out waiting for rank " + std::to_string(q) +
+                     (sending ? " to take our data" : ""));
 }
 
 void TcpTransport::abort(int code, int blamed_rank, const std::string& reason) {

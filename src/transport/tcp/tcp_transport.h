@@ -30,6 +30,8 @@ struct TcpOptions {
   // Yield the core while polling: ranks outnumber cores.
   bool yield_while_spinning = false;
   std::string store_host;  // to pick the data interface
+  // The ranks to connect with (a HybridTransport leaves out the ones on this host); empty: all.
+  std::vector<int> peers;
 };
 
 class TcpTransport final : public Transport {
@@ -61,6 +63,16 @@ class TcpTransport final : public Transport {
   // Called by links when the events they want change.
   void update_interest(TcpLink& link);
 
+  // The engine's parts, for a transport that drives TCP and shared-memory links together
+  // (HybridTransport). poll_events: one epoll_wait of up to timeout_ms (0: just look) and the
+  // work its events allow; returns whether any link had an event, and sets *watched when an fd
+  // added with watch() is readable.
+  bool poll_events(int timeout_ms, bool* watched = nullptr);
+  void watch(int fd);
+  void throw_if_notice();
+  // The peer a timed-out wait is pinned on (a pending receive first), or -1.
+  int stuck_peer(bool* sending) const;
+
  private:
   void connect_mesh(const core::Config& config, Store& store, const core::Deadline& deadline);
   [[noreturn]] void throw_timeout(const core::Deadline& deadline);
@@ -77,7 +89,8 @@ class TcpTransport final : public Transport {
   std::mutex interrupt_mu_;
   std::string interrupt_reason_;
   bool aborted_ = false;
-  bool notices_ = false;  // some link holds a peer's abort notice
+  bool notices_ = false;       // some link holds a peer's abort notice
+  std::vector<bool> connect_;  // by rank: whether there is a link to it
 };
 
 }  // namespace ringreduce::transport::tcp
