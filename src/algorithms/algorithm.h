@@ -60,6 +60,9 @@ struct Context {
   // host has one inbound and one outbound network link. Null: rank order.
   const int* ring = nullptr;
   const int* ring_pos = nullptr;
+  // Ranks per host when every host has as many (the ring then holds host h at positions
+  // h*host_size ..), else 0.
+  int host_size = 0;
 
   transport::Link& link(int peer, int channel = 0) { return transport.link(peer, channel); }
   void wait(transport::Completion& c) { transport.wait(c, deadline); }
@@ -109,5 +112,6 @@ void pairwise_alltoall(Context& ctx, const Args& a);
 void dissemination_barrier(Context& ctx, const Args& a);
 void flat_allreduce(Context& ctx, const Args& a);
 void flat_barrier(Context& ctx, const Args& a);
+void hierarchical_allreduce(Context& ctx, const Args& a);
 
 }  // namespace ringreduce::algorithms

@@ -36,6 +36,8 @@ const std::vector<Algorithm>& all_algorithms() {
       {"rd", Collective::allreduce, 8, recursive_doubling_allreduce},
       {"flat", Collective::allreduce, 9, flat_allreduce, true, flat::kMaxBytes},
       {"flat", Collective::barrier, 10, flat_barrier, true},
+      // 11: direct (allreduce), reserved
+      {"hierarchical", Collective::allreduce, 12, hierarchical_allreduce},
   };
   return kAll;
 }

@@ -29,29 +29,9 @@ void ring_allreduce(Context& ctx, const Args& a) {
   transport::Completion done;
   for (int ch = 0; ch < ctx.channels; ++ch) {
     const Range part = split(a.count, static_cast<size_t>(ctx.channels), static_cast<size_t>(ch));
-    transport::Link& right = ctx.link(ctx.right(), ch);
-    transport::Link& left = ctx.link(ctx.left(), ch);
-    const RingCuts cuts = RingCuts::split_chunks(part, n, elem, ctx.segment_bytes);
-    // Steps: 0 sends our own contribution to the first chunk; 1..n-1 are reduce-scatter steps
-    // 0..n-2 (receive a chunk, reduce our contribution into it, pass it on); n..2n-2 are the
-    // allgather steps. At reduce-scatter step n-2 the chunk is complete ((r + 1) mod n, the one
-    // we own) and passing it on is the first step of the allgather.
-    post_ring_steps(ctx.sliced, 2 * n - 1, cuts.slices(), [&](int step_index, size_t s) {
-      if (step_index == 0) {
-        cuts.slice(reduce_scatter_step(r, n, 0).send_chunk, s,
-                   [&](size_t off, size_t bytes) { right.send(in + off, bytes, &done); });
-      } else if (step_index < n) {
-        const int t = step_index - 1;
-        const transport::Reduction& red = t == n - 2 ? last : step;
-        cuts.slice(reduce_scatter_step(r, n, t).recv_chunk, s, [&](size_t off, size_t bytes) {
-          // Only the chunk completed at the last step stays in out; the others are overwritten
-          // by the allgather, so their partial sums need not touch it.
-          left.recv_reduce_send(out + off, in + off, bytes, red, right, t == n - 2, &done);
-        });
-      } else {
-        post_ring_gather_step(left, right, cuts, r, n, 0, step_index - n, s, out, &done);
-      }
-    });
+    const RingView ring{n, r, &ctx.link(ctx.left(), ch), &ctx.link(ctx.right(), ch)};
+    post_ring_allreduce(ring, in, out, part, elem, ctx.segment_bytes, ctx.sliced, step, last,
+                        RingPhases::both, &done);
   }
   ctx.wait(done);
 }

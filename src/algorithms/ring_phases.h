@@ -94,4 +94,68 @@ inline void post_ring_gather_step(transport::Link& left, transport::Link& right,
   });
 }
 
+// A ring of n ranks (the whole communicator, or a group of it) as one rank sees it.
+struct RingView {
+  int n;    // members
+  int pos;  // this rank's position
+  transport::Link* left;
+  transport::Link* right;
+};
+
+enum class RingPhases { reduce_scatter, allgather, both };
+
+// Posts a ring allreduce of the `part` elements (offset and count into in and out, chunked
+// split(part, n, j) as seed 000 does) over ring v, or one half of it:
+//   reduce_scatter: the rank at position p ends with chunk owned_chunk(p, n) fully reduced in out
+//     (other chunks of out hold partial sums or nothing);
+//   allgather: every rank sends its owned chunk from out and receives the others into out;
+//   both: the allreduce, its halves fused (the completed chunk leaves at once).
+// `last` is the reduction of the step that completes a chunk (it divides for avg).
+inline void post_ring_allreduce(const RingView& v, const char* in, char* out, const Range& part,
+                                size_t elem, size_t segment_bytes, bool sliced,
+                                const transport::Reduction& step, const transport::Reduction& last,
+                                RingPhases phases, transport::Completion* done) {
+  const int n = v.n, r = v.pos;
+  transport::Link& right = *v.right;
+  transport::Link& left = *v.left;
+  const RingCuts cuts = RingCuts::split_chunks(part, n, elem, segment_bytes);
+  if (phases == RingPhases::allgather) {
+    // Step 0 sends the chunk we own; steps 1..n-1 are the allgather steps 0..n-2.
+    post_ring_steps(sliced, n, cuts.slices(), [&](int step_index, size_t s) {
+      if (step_index == 0)
+        cuts.slice(allgather_step(r, n, 0).send_chunk, s,
+                   [&](size_t off, size_t bytes) { right.send(out + off, bytes, done); });
+      else
+        post_ring_gather_step(left, right, cuts, r, n, 0, step_index - 1, s, out, done);
+    });
+    return;
+  }
+  const bool gather = phases == RingPhases::both;
+  // Steps: 0 sends our own contribution to the first chunk; 1..n-1 are reduce-scatter steps
+  // 0..n-2 (receive a chunk, reduce our contribution into it, pass it on); n..2n-2 are the
+  // allgather steps. At reduce-scatter step n-2 the chunk is complete ((r + 1) mod n, the one
+  // we own) and, in the fused allreduce, passing it on is the first step of the allgather.
+  post_ring_steps(sliced, gather ? 2 * n - 1 : n, cuts.slices(), [&](int step_index, size_t s) {
+    if (step_index == 0) {
+      cuts.slice(reduce_scatter_step(r, n, 0).send_chunk, s,
+                 [&](size_t off, size_t bytes) { right.send(in + off, bytes, done); });
+    } else if (step_index < n) {
+      const int t = step_index - 1;
+      const bool final = t == n - 2;
+      const transport::Reduction& red = final ? last : step;
+      cuts.slice(reduce_scatter_step(r, n, t).recv_chunk, s, [&](size_t off, size_t bytes) {
+        if (final && !gather) {
+          left.recv_reduce(out + off, in + off, bytes, red, done);
+        } else {
+          // Only the chunk completed at the last step stays in out; the others are overwritten
+          // by the allgather, so their partial sums need not touch it.
+          left.recv_reduce_send(out + off, in + off, bytes, red, right, final, done);
+        }
+      });
+    } else {
+      post_ring_gather_step(left, right, cuts, r, n, 0, step_index - n, s, out, done);
+    }
+  });
+}
+
 }  // namespace ringreduce::algorithms

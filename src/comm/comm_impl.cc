@@ -217,7 +217,8 @@ CommImpl::CommImpl(const Options& options) : config_(overrides_from(options)) {
     link_kind_ = "tcp";
   }
   transport_->set_describer([this](const transport::OpTag& t) { return describe(t); });
-  tuner_ = std::make_unique<tuner::Tuner>(config_, size_, static_cast<int>(channels), use_shm);
+  tuner_ = std::make_unique<tuner::Tuner>(config_, size_, static_cast<int>(channels), use_shm,
+                                          host_size_ < size_ ? host_size_ : 0);
   RR_LOG(info, rank_, "communicator ready: ", size_, " ranks over ", link_kind_);
 }
 
@@ -457,7 +458,8 @@ std::exception_ptr CommImpl::execute(OpState& op) {
                               op.tag.seq,
                               [this](size_t bytes) { return scratch(bytes); },
                               ring_.data(),
-                              ring_pos_.data()};
+                              ring_pos_.data(),
+                              host_size_};
       if (core::log_enabled(core::LogLevel::trace)) {
         const auto started = core::Clock::now();
         RR_LOG(trace, rank_, describe(op.tag), ": ", op.plan.algorithm->name, ", segments of ",
@@ -579,6 +581,19 @@ void CommImpl::ring_order(const std::vector<std::string>& hosts) {
         placed[q] = true;
         ring_.push_back(static_cast<int>(q));
       }
+  }
+  // Every host the same size? (Then host h holds ring positions h*size ...)
+  host_size_ = 0;
+  for (size_t p = 0; p < ring_.size(); ++p) {
+    size_t run = 1;
+    const auto& h = hosts[static_cast<size_t>(ring_[p])];
+    while (p + run < ring_.size() && hosts[static_cast<size_t>(ring_[p + run])] == h) ++run;
+    if (host_size_ == 0) host_size_ = static_cast<int>(run);
+    if (static_cast<int>(run) != host_size_) {
+      host_size_ = 0;
+      break;
+    }
+    p += run - 1;
   }
   ring_pos_.assign(hosts.size(), 0);
   for (size_t p = 0; p < ring_.size(); ++p)

@@ -97,6 +97,7 @@ class CommImpl {
   size_t scratch_bytes_ = 0;
   std::vector<int> ring_;      // rank at each ring position (algorithms::Context::ring)
   std::vector<int> ring_pos_;  // position of each rank
+  int host_size_ = 0;          // ranks per host if every host has as many, else 0
 
   std::mutex mu_;
   // Two condition variables, so that finishing an op wakes only threads that wait for one: a

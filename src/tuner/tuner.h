@@ -22,8 +22,10 @@ class Tuner {
  public:
   // Reads RINGREDUCE_ALGO ("ring", or per collective "allreduce:ring,broadcast:chain"),
   // RINGREDUCE_SEGMENT_BYTES and RINGREDUCE_CHANNELS; InvalidArgument names a bad value.
-  // shared_memory: every link is a shared-memory one (one host).
-  Tuner(const core::Config& config, int world_size, int transport_channels, bool shared_memory);
+  // shared_memory: every link is a shared-memory one (one host). host_size: ranks per host when
+  // the communicator spans several hosts with as many on each, else 0.
+  Tuner(const core::Config& config, int world_size, int transport_channels, bool shared_memory,
+        int host_size = 0);
   Plan choose(const algorithms::Args& args) const;
 
  private:
@@ -32,12 +34,14 @@ class Tuner {
   int size_;
   int channels_;
   bool shared_memory_;
+  int host_size_;
   size_t forced_segment_ = 0;
   std::map<algorithms::Collective, const algorithms::Algorithm*> forced_;
   std::map<algorithms::Collective, const algorithms::Algorithm*> first_;  // each kind's default
   const algorithms::Algorithm* rd_ = nullptr;
   const algorithms::Algorithm* flat_allreduce_ = nullptr;
   const algorithms::Algorithm* flat_barrier_ = nullptr;
+  const algorithms::Algorithm* hierarchical_ = nullptr;
 };
 
 }  // namespace ringreduce::tuner

@@ -103,6 +103,16 @@ TEST_P(Matrix, AllreduceFlatEveryDtypeOpCountPlacement) {
   allreduce_matrix(ranks(), "flat", transport());
 }
 
+TEST_P(Matrix, AllreduceHierarchicalEveryDtypeOpCountPlacement) {
+  // Two levels on "mix" (two emulated hosts) when N is even; otherwise, and on one host, it is
+  // the ring. Three hosts of N/3 ranks run in HierarchicalOverThreeHosts.
+  allreduce_matrix(ranks(), "hierarchical", transport());
+}
+
+TEST(Hierarchical, HierarchicalOverThreeHosts) {
+  for (int n : {6, 9}) allreduce_matrix(n, "hierarchical", {{"TEST_HOSTS", "3"}});
+}
+
 TEST_P(Matrix, AllreduceTinySegmentsPipeline) {
   const int n = ranks();
   Expected expected;
