@@ -447,7 +447,7 @@ std::exception_ptr CommImpl::execute(OpState& op) {
     // Built only when needed: a small allreduce must not pay for formatting its description.
     auto prefix = [&] { return "rank " + std::to_string(rank_) + ": " + describe(op.tag) + ": "; };
     try {
-      transport_->begin_op(op.tag);
+      transport_->begin_op(op.tag, op.plan.stream_output);
       algorithms::Context ctx{*transport_,
                               rank_,
                               size_,

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <cstring>
 #include <fstream>
 #include <optional>
 #include <string>
@@ -124,6 +125,17 @@ void combine(void* dst, const void* a, const void* b, size_t count, DataType typ
   } else {
     t.combine[ti][oi](dst, a, b, count);
   }
+}
+
+size_t stream_output_threshold() {
+  return internal::stream_threshold_bytes();
+}
+
+void copy(void* dst, const void* src, size_t bytes, bool stream) {
+  if (stream)
+    internal::active_table().copy_stream(dst, src, bytes);
+  else if (bytes > 0)
+    std::memcpy(dst, src, bytes);
 }
 
 void divide(void* dst, const void* src, size_t count, DataType type, uint64_t divisor) {

@@ -15,6 +15,13 @@ namespace ringreduce::reduce {
 // f16 and bf16 are widened to f32, combined, and rounded to nearest-even once.
 void combine(void* dst, const void* a, const void* b, size_t count, DataType type, ReduceOp op);
 
+// Copies bytes (no overlap). With `stream`, the stores bypass the cache: for a destination that
+// will not be read again soon, it saves reading every line before writing it.
+void copy(void* dst, const void* src, size_t bytes, bool stream);
+// The size from which a written buffer no longer stays in cache: the largest cache's size (the
+// kernels' own switch to streaming stores uses it too).
+size_t stream_output_threshold();
+
 // dst[i] = src[i] / divisor; integers truncate toward zero. dst may alias src.
 void divide(void* dst, const void* src, size_t count, DataType type, uint64_t divisor);
 

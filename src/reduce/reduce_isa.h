@@ -20,12 +20,15 @@ using DivideFn = void (*)(void* dst, const void* src, size_t count, uint64_t div
 // Same contract as CombineFn, but stores bypass the cache (see reduce.cc for when that pays).
 // Only f32/f64 sum have one; the slot is nullptr elsewhere.
 using StreamFn = CombineFn;
+// memcpy with streaming stores (whole bytes, any alignment; dst and src do not overlap).
+using CopyFn = void (*)(void* dst, const void* src, size_t bytes);
 
 struct KernelTable {
   const char* name;  // "generic", "avx2", "avx512"
   CombineFn combine[kNumDataTypes][kNumReduceOps];
   DivideFn divide[kNumDataTypes];
   StreamFn combine_stream[kNumDataTypes][kNumReduceOps];
+  CopyFn copy_stream;
 };
 
 // Each table lives in its own translation unit, compiled with that ISA's flags. They are

@@ -147,8 +147,10 @@ class Transport {
   // The shared window, when every rank is on this host; null otherwise.
   virtual Window* window() { return nullptr; }
 
-  // Sets the tag every message carries and every receive expects from now on.
-  virtual void begin_op(const OpTag& tag) = 0;
+  // Sets the tag every message carries and every receive expects from now on. With
+  // stream_output, receives write their destination with streaming stores (the tuner's call: a
+  // large out-of-place output that nobody reads soon); transports may ignore it.
+  virtual void begin_op(const OpTag& tag, bool stream_output = false) = 0;
   // Drives progress until c is done. Throws PeerError (a peer closed, reset, or sent something
   // unreadable or an abort notice), MismatchError (tag mismatch), TimeoutError (deadline; names
   // the peer waited on) or Error (aborted). After a throw the transport is unusable: call abort().

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "reduce/reduce.h"
 #include "ringreduce/error.h"
 #include "transport/shm/shm_layout.h"
 
@@ -54,7 +55,8 @@ Tuner::Tuner(const core::Config& config, int world_size, int transport_channels,
     : size_(world_size),
       channels_(transport_channels),
       shared_memory_(shared_memory),
-      host_size_(host_size) {
+      host_size_(host_size),
+      stream_min_bytes_(reduce::stream_output_threshold()) {
   if (config.has("RINGREDUCE_SEGMENT_BYTES")) {
     forced_segment_ = config.size("RINGREDUCE_SEGMENT_BYTES");
     if (forced_segment_ == 0) throw InvalidArgument("RINGREDUCE_SEGMENT_BYTES must be > 0");
@@ -143,6 +145,13 @@ Plan Tuner::choose(const algorithms::Args& args) const {
   // Shared memory forwards a slice the moment it arrives only if the schedule is posted slice by
   // slice (otherwise the forwards queue behind a whole chunk of first sends and go through DRAM).
   plan.sliced = ring && shared_memory_;
+  // Out of place, a large output is not in cache and is not read again by this call: streaming
+  // stores skip reading each line before writing it. Interleaved medians of 3 rounds, 64 and
+  // 256 MiB, busbw GB/s, ordinary -> streaming: out of place N=2 5.2 -> 9.0, N=4 3.8 -> 6.0,
+  // N=8 1.8 -> 2.7; in place (the output lines were just read as input, so they are cached)
+  // within noise either way, so in place keeps ordinary stores (docs/PERFORMANCE.md).
+  plan.stream_output = shared_memory_ && args.send != args.recv &&
+                       args.count * dtype_size(args.dtype) >= stream_min_bytes_;
   if (forced_segment_ > 0)
     plan.segment_bytes = forced_segment_;
   else if (ring)

@@ -15,7 +15,8 @@ struct Plan {
   const algorithms::Algorithm* algorithm = nullptr;
   size_t segment_bytes = 0;
   int channels = 1;
-  bool sliced = false;  // post ring schedules slice by slice (algorithms/ring_phases.h)
+  bool sliced = false;         // post ring schedules slice by slice (algorithms/ring_phases.h)
+  bool stream_output = false;  // receives write the output with streaming stores (Transport)
 };
 
 class Tuner {
@@ -35,6 +36,7 @@ class Tuner {
   int channels_;
   bool shared_memory_;
   int host_size_;
+  size_t stream_min_bytes_;
   size_t forced_segment_ = 0;
   std::map<algorithms::Collective, const algorithms::Algorithm*> forced_;
   std::map<algorithms::Collective, const algorithms::Algorithm*> first_;  // each kind's default

@@ -28,8 +28,8 @@ Link& HybridTransport::link(int peer, int channel) {
                                               : tcp_->link(peer, channel);
 }
 
-void HybridTransport::begin_op(const OpTag& tag) {
-  shm_->begin_op(tag);
+void HybridTransport::begin_op(const OpTag& tag, bool stream_output) {
+  shm_->begin_op(tag, stream_output);
   tcp_->begin_op(tag);
 }
 

@@ -35,7 +35,7 @@ class HybridTransport final : public Transport {
   int size() const override { return tcp_->size(); }
   int channels() const override { return tcp_->channels(); }
   Link& link(int peer, int channel) override;
-  void begin_op(const OpTag& tag) override;
+  void begin_op(const OpTag& tag, bool stream_output = false) override;
   void wait(Completion& c, const core::Deadline& deadline) override;
   void abort(int code, int blamed_rank, const std::string& reason) override;
   std::exception_ptr find_cause(std::chrono::milliseconds grace, int blamed) override;

@@ -237,7 +237,7 @@ bool ShmLink::progress(bool stage) {
     }
     switch (op.kind) {
       case RecvKind::plain:
-        std::memcpy(op.dst + op.done, src, n);
+        reduce::copy(op.dst + op.done, src, n, owner_->stream_output());
         break;
       case RecvKind::reduce: {
         char* d = op.dst + op.done;
@@ -246,7 +246,7 @@ bool ShmLink::progress(bool stage) {
         break;
       }
       case RecvKind::copy_send:
-        std::memcpy(op.dst + op.done, src, n);
+        reduce::copy(op.dst + op.done, src, n, owner_->stream_output());
         if (direct) {
           op.next->publish(owner_->tag(), op.bytes, op.done == 0, src, n);
           op.next->forwarded(op.fwd, n);
@@ -260,7 +260,7 @@ bool ShmLink::progress(bool stage) {
         reduce::combine(d, op.local + op.done, src, n / elem, op.red.dtype, op.red.op);
         if (op.red.divide_by > 1) reduce::divide(d, d, n / elem, op.red.dtype, op.red.divide_by);
         if (direct) {
-          if (op.keep) std::memcpy(op.dst + op.done, d, n);
+          if (op.keep) reduce::copy(op.dst + op.done, d, n, owner_->stream_output());
           op.next->commit_out(owner_->tag(), op.bytes, op.done == 0, n);
           op.next->forwarded(op.fwd, n);
         } else {

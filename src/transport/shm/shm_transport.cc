@@ -316,8 +316,9 @@ uint64_t digest(const OpTag& t) {
 
 }  // namespace
 
-void ShmTransport::begin_op(const OpTag& tag) {
+void ShmTransport::begin_op(const OpTag& tag, bool stream_output) {
   tag_ = tag;
+  stream_output_ = stream_output;
   fingerprint_ = digest(tag);
   // Publish the op line (a seqlock, see SegmentHeader): peers compare it with their own call.
   SegmentHeader* h = mine_.header();

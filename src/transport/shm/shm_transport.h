@@ -83,7 +83,7 @@ class ShmTransport final : public Transport {
   Window* window() override {
     return local_ranks_.size() == static_cast<size_t>(opts_.size) ? &window_ : nullptr;
   }
-  void begin_op(const OpTag& tag) override;
+  void begin_op(const OpTag& tag, bool stream_output = false) override;
   void wait(Completion& c, const core::Deadline& deadline) override;
   void abort(int code, int blamed_rank, const std::string& reason) override;
   void interrupt(const std::string& reason) override;
@@ -111,6 +111,8 @@ class ShmTransport final : public Transport {
   // The peer a timed-out wait is pinned on (a pending receive first), or -1.
   int stuck_peer(bool* sending) const;
   const OpTag& tag() const { return tag_; }
+  // Whether this op writes its output with streaming stores (see begin_op).
+  bool stream_output() const { return stream_output_; }
   // Called by links that published or released a slot: the peer is woken at the end of the pass
   // if it sleeps.
   void ring(int peer) { ring_[static_cast<size_t>(peer)] = 1; }
@@ -176,6 +178,7 @@ class ShmTransport final : public Transport {
   std::vector<uint8_t> ring_;
   OpTag tag_;
   uint64_t fingerprint_ = 0;
+  bool stream_output_ = false;
   char* mine_window_ = nullptr;
   ShmWindow window_{this};
   std::function<std::string(const OpTag&)> describe_;

@@ -46,7 +46,7 @@ class TcpTransport final : public Transport {
   int size() const override { return opts_.size; }
   int channels() const override { return opts_.channels; }
   Link& link(int peer, int channel) override;
-  void begin_op(const OpTag& tag) override { tag_ = tag; }
+  void begin_op(const OpTag& tag, bool /*stream_output*/ = false) override { tag_ = tag; }
   void wait(Completion& c, const core::Deadline& deadline) override;
   void abort(int code, int blamed_rank, const std::string& reason) override;
   void interrupt(const std::string& reason) override;
