@@ -5,8 +5,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -99,5 +99,6 @@ void pairwise_alltoall(Context& ctx, const Args& a);
 void dissemination_barrier(Context& ctx, const Args& a);
 void flat_allreduce(Context& ctx, const Args& a);
 void flat_barrier(Context& ctx, const Args& a);
+void direct_allreduce(Context& ctx, const Args& a);
 
 }  // namespace ringreduce::algorithms

@@ -99,6 +99,13 @@ TEST_P(Matrix, AllreduceFlatEveryDtypeOpCountPlacement) {
   allreduce_matrix(ranks(), "flat", transport());
 }
 
+TEST_P(Matrix, AllreduceDirectEveryDtypeOpCountPlacement) {
+  // The direct algorithm reads peers' memory directly: shared memory only (on TCP, forcing it is
+  // an error, tested in comm_test). 1M+3 elements take several rounds at every N and dtype.
+  if (std::get<1>(GetParam()) == "tcp") GTEST_SKIP() << "direct needs shared memory";
+  allreduce_matrix(ranks(), "direct", transport());
+}
+
 TEST_P(Matrix, AllreduceTinySegmentsPipeline) {
   const int n = ranks();
   Expected expected;
