@@ -112,6 +112,7 @@ void pairwise_alltoall(Context& ctx, const Args& a);
 void dissemination_barrier(Context& ctx, const Args& a);
 void flat_allreduce(Context& ctx, const Args& a);
 void flat_barrier(Context& ctx, const Args& a);
+void direct_allreduce(Context& ctx, const Args& a);
 void hierarchical_allreduce(Context& ctx, const Args& a);
 
 }  // namespace ringreduce::algorithms

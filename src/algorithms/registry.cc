@@ -36,7 +36,7 @@ const std::vector<Algorithm>& all_algorithms() {
       {"rd", Collective::allreduce, 8, recursive_doubling_allreduce},
       {"flat", Collective::allreduce, 9, flat_allreduce, true, flat::kMaxBytes},
       {"flat", Collective::barrier, 10, flat_barrier, true},
-      // 11: direct (allreduce), reserved
+      {"direct", Collective::allreduce, 11, direct_allreduce, /*needs_window=*/true},
       {"hierarchical", Collective::allreduce, 12, hierarchical_allreduce},
   };
   return kAll;

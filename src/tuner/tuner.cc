@@ -63,14 +63,18 @@ Tuner::Tuner(const core::Config& config, int world_size, int transport_channels,
   }
   std::stringstream spec(config.str("RINGREDUCE_ALGO"));
   std::string item;
+  // A bare name applies to every collective that has an algorithm of that name (the last one
+  // named wins); "collective:name" items take precedence over bare names, and several of them
+  // for one collective form a list in order ("allreduce:flat,allreduce:direct": a call runs the
+  // first whose size limit admits it, here flat up to its limit and direct above).
+  std::map<Collective, const algorithms::Algorithm*> bare;
   while (std::getline(spec, item, ',')) {
     if (item.empty()) continue;
     auto colon = item.find(':');
     if (colon == std::string::npos) {
-      // A bare name applies to every collective that has an algorithm of that name.
       bool any = false;
       for (Collective c : kAllCollectives) {
-        if (const auto* a = algorithms::find_algorithm(c, item)) forced_[c] = a, any = true;
+        if (const auto* a = algorithms::find_algorithm(c, item)) bare[c] = a, any = true;
       }
       if (!any) throw InvalidArgument("RINGREDUCE_ALGO: no algorithm named '" + item + "'");
     } else {
@@ -79,15 +83,18 @@ Tuner::Tuner(const core::Config& config, int world_size, int transport_channels,
       if (!a)
         throw InvalidArgument("RINGREDUCE_ALGO: " + item.substr(0, colon) + " has no algorithm '" +
                               item.substr(colon + 1) + "'");
-      forced_[c] = a;
+      forced_[c].push_back(a);
     }
   }
-  for (const auto& [c, a] : forced_)
-    if (a->needs_window && !shared_memory_ && size_ > 1)
-      throw InvalidArgument(std::string("RINGREDUCE_ALGO: ") + algorithms::collective_name(c) +
-                            ":" + a->name +
-                            " reads peers' memory directly and needs every rank on one host "
-                            "(with shared memory enabled)");
+  for (const auto& [c, a] : bare)
+    if (!forced_.contains(c)) forced_[c] = {a};
+  for (const auto& [c, list] : forced_)
+    for (const auto* a : list)
+      if (a->needs_window && !shared_memory_ && size_ > 1)
+        throw InvalidArgument(std::string("RINGREDUCE_ALGO: ") + algorithms::collective_name(c) +
+                              ":" + a->name +
+                              " reads peers' memory directly and needs every rank on one host "
+                              "(with shared memory enabled)");
   rd_ = algorithms::find_algorithm(Collective::allreduce, "rd");
   flat_allreduce_ = algorithms::find_algorithm(Collective::allreduce, "flat");
   flat_barrier_ = algorithms::find_algorithm(Collective::barrier, "flat");
@@ -102,8 +109,9 @@ Tuner::Tuner(const core::Config& config, int world_size, int transport_channels,
 
 const algorithms::Algorithm* Tuner::pick(const algorithms::Args& args) const {
   const size_t bytes = args.count * dtype_size(args.dtype);
-  if (auto it = forced_.find(args.kind); it != forced_.end() && bytes <= it->second->max_bytes)
-    return it->second;
+  if (auto it = forced_.find(args.kind); it != forced_.end())
+    for (const auto* a : it->second)
+      if (bytes <= a->max_bytes) return a;
   if (args.kind == Collective::allreduce && size_ > 1) {
     // One host: every rank reads every peer's input in place, one step (flat_allreduce.cc).
     if (shared_memory_)

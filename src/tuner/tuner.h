@@ -5,6 +5,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "algorithms/algorithm.h"
 #include "core/config.h"
@@ -21,7 +22,8 @@ struct Plan {
 
 class Tuner {
  public:
-  // Reads RINGREDUCE_ALGO ("ring", or per collective "allreduce:ring,broadcast:chain"),
+  // Reads RINGREDUCE_ALGO ("ring", or per collective "allreduce:ring,broadcast:chain", or a list
+  // for one collective "allreduce:flat,allreduce:direct"),
   // RINGREDUCE_SEGMENT_BYTES and RINGREDUCE_CHANNELS; InvalidArgument names a bad value.
   // shared_memory: every link is a shared-memory one (one host). host_size: ranks per host when
   // the communicator spans several hosts with as many on each, else 0.
@@ -38,7 +40,9 @@ class Tuner {
   int host_size_;
   size_t stream_min_bytes_;
   size_t forced_segment_ = 0;
-  std::map<algorithms::Collective, const algorithms::Algorithm*> forced_;
+  // RINGREDUCE_ALGO: per collective, the forced algorithms in order; a call runs the first whose
+  // max_bytes admits it (none: the tuner's own choice).
+  std::map<algorithms::Collective, std::vector<const algorithms::Algorithm*>> forced_;
   std::map<algorithms::Collective, const algorithms::Algorithm*> first_;  // each kind's default
   const algorithms::Algorithm* rd_ = nullptr;
   const algorithms::Algorithm* flat_allreduce_ = nullptr;

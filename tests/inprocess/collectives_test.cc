@@ -103,6 +103,13 @@ TEST_P(Matrix, AllreduceFlatEveryDtypeOpCountPlacement) {
   allreduce_matrix(ranks(), "flat", transport());
 }
 
+TEST_P(Matrix, AllreduceDirectEveryDtypeOpCountPlacement) {
+  // The direct algorithm reads peers' memory directly: shared memory only (on TCP, forcing it is
+  // an error, tested in comm_test). 1M+3 elements take several rounds at every N and dtype.
+  if (kind() != "shm") GTEST_SKIP() << "direct needs every rank on one host";
+  allreduce_matrix(ranks(), "direct", transport());
+}
+
 TEST_P(Matrix, AllreduceHierarchicalEveryDtypeOpCountPlacement) {
   // Two levels on "mix" (two emulated hosts) when N is even; otherwise, and on one host, it is
   // the ring. Three hosts of N/3 ranks run in HierarchicalOverThreeHosts.

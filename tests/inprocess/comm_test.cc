@@ -100,6 +100,7 @@ TEST(Comm, MismatchedDtypeOpRootAndKindAreNamedOnEveryRank) {
   struct Case {
     const char* name;
     std::function<void(Communicator&)> call;
+    std::map<std::string, std::string> settings = {};
   };
   std::vector<Case> cases = {
       {"dtype",
@@ -132,6 +133,14 @@ TEST(Comm, MismatchedDtypeOpRootAndKindAreNamedOnEveryRank) {
          std::vector<float> d(64);
          c.allreduce(d.data(), d.data(), c.rank() == 0 ? 63 : 64, DataType::f32, ReduceOp::sum);
        }},
+      {"count, both direct",
+       [](Communicator& c) {
+         // Several rounds on rank 1, one on the others: the first stage stamp's fingerprint.
+         std::vector<float> d(1 << 20);
+         c.allreduce(d.data(), d.data(), c.rank() == 1 ? d.size() : 1000, DataType::f32,
+                     ReduceOp::sum);
+       },
+       {{"RINGREDUCE_ALGO", "allreduce:direct"}}},
       {"kind",
        [](Communicator& c) {
          std::vector<float> d(64 * 3);
@@ -160,7 +169,7 @@ TEST(Comm, MismatchedDtypeOpRootAndKindAreNamedOnEveryRank) {
             ++mismatches;
           }
         },
-        {}, 20s);
+        cs.settings, 20s);
     EXPECT_EQ(mismatches.load(), 3) << cs.name;
   }
 }
@@ -204,6 +213,65 @@ TEST(Comm, FlatAllreduceAfterRootedOpsKeepsItsInputs) {
               }
             },
             {{"RINGREDUCE_ALGO", "allreduce:flat"}});
+}
+
+TEST(Comm, DirectAllreduceBetweenFlatAndRootedOpsKeepsItsBuffers) {
+  // Direct allreduces (several rounds each for the large counts, fewer elements than ranks for
+  // the small ones) reuse each rank's two staging buffers round after round and op after op. A
+  // broadcast's root finishes without hearing from anyone and starts the next direct op while a
+  // slower rank still gathers from the last one; flat barriers and allreduces in between use the
+  // window's flat areas and its reuse floor. More threads than cores (readers get preempted) and
+  // many rounds make a missing guard show. Two passes: every allreduce direct (so that small
+  // counts are direct too), then flat allreduces up to flat's limit and direct above.
+  for (const bool with_flat : {false, true}) {
+    run_ranks(
+        4,
+        [&](Communicator& comm) {
+          const int n = comm.size(), r = comm.rank();
+          // Direct rounds at N=4 carry 236 KiB (60416 int32) per slice: 700001 elements take three.
+          // With flat allreduces, counts up to 16380 int32 go flat.
+          const std::vector<size_t> counts =
+              with_flat ? std::vector<size_t>{16381, 700001, 40001, 131072}
+                        : std::vector<size_t>{1, 3, 700001, 4, 1000, 40001, 131072, 2};
+          const size_t flat_count = (16 << 10) - 8;  // just under the flat algorithm's limit
+          std::vector<int32_t> a(700001), b(700001), f(flat_count);
+          for (int i = 0; i < 600; ++i) {
+            const size_t count = counts[static_cast<size_t>(i) % counts.size()];
+            const std::span<int32_t> in(a.data(), count), out(b.data(), count);
+            for (size_t e = 0; e < count; ++e) in[e] = r + i + static_cast<int32_t>(e % 7);
+            const bool in_place = i % 3 != 1;
+            if (in_place)
+              comm.allreduce(in, ReduceOp::sum);
+            else
+              comm.allreduce(std::span<const int32_t>(in), out, ReduceOp::sum);
+            const std::span<int32_t> res = in_place ? in : out;
+            for (size_t e = 0; e < count; ++e)
+              ASSERT_EQ(res[e], n * (i + static_cast<int32_t>(e % 7)) + n * (n - 1) / 2)
+                  << "round " << i << " count " << count << " element " << e;
+            if (!in_place) {
+              for (size_t e = 0; e < count; ++e)
+                ASSERT_EQ(in[e], r + i + static_cast<int32_t>(e % 7)) << "round " << i;
+            }
+
+            b[0] = b[1] = i;
+            comm.broadcast(b.data(), 2, DataType::i32, i % n);
+            ASSERT_EQ(b[1], i) << "round " << i;
+
+            if (i % 2 == 0) {
+              std::fill(f.begin(), f.end(), r - i);
+              comm.allreduce(std::span<int32_t>(f), ReduceOp::sum);
+              const int32_t want = -n * i + n * (n - 1) / 2;
+              ASSERT_EQ(f[static_cast<size_t>(i * 131) % flat_count], want) << "round " << i;
+              ASSERT_EQ(f[flat_count - 1], want) << "round " << i;
+            } else {
+              comm.barrier();
+            }
+            // The root of a second broadcast runs straight into the next direct op.
+            comm.broadcast(b.data(), 2, DataType::i32, (i + 1) % n);
+          }
+        },
+        {{"RINGREDUCE_ALGO", with_flat ? "allreduce:flat,allreduce:direct" : "allreduce:direct"}});
+  }
 }
 
 TEST(Comm, ForcingAWindowAlgorithmWithoutSharedMemoryIsAnError) {
