@@ -21,16 +21,26 @@ constexpr size_t kSegmentBytes = 512 << 10;
 // Smallest allreduce the hierarchical algorithm takes on several hosts: below, recursive doubling
 // (up to 512 KiB) and the ring's pipelining are as good and it only adds two waits.
 constexpr size_t kHierarchicalMinBytes = 1 << 20;
-// Largest allreduce the flat algorithm takes on one host: median us of 3 interleaved rounds,
-// flat / recursive doubling / ring (docs/PERFORMANCE.md):
-//   N=2  4K 0.8/0.8/0.8   8K 1.6/1.5/1.5   16K 3.4/3.2/2.9
-//   N=4  4K 4.8/9.4/10.9  8K 14.0/14.4/13.1 16K 24.3/25.4/14.1
-//   N=8  16K 27/32/65     64K 76/76/117    128K -/170/192
-// so flat up to 8 KiB at N <= 4 and to its limit (64 KiB) beyond, the ring above. Recursive
-// doubling never wins by more than noise on shared memory (and loses up to 7x from 128 KiB at
-// N=4, where whole-buffer exchanges queue behind 4-slot FIFOs), so shared memory skips it.
+// Allreduce on one host, from two sweeps of forced algorithms (median us of 3 interleaved rounds,
+// in place; docs/PERFORMANCE.md, "Algorithm choice on one host"):
+//   flat / rd / ring         N=2  8K 1.6/1.5/1.5  16K 3.4/3.2/2.9
+//                            N=4  4K 4.8/9.4/10.9 8K 14.0/14.4/13.1
+//                            N=8  16K 27/32/65    64K 76/76/117    128K -/170/192
+//   flat / direct / ring     N=2  16K 3.1/3.1/4.8 32K 6.3/6.4/6.1  256K -/36.9/30.1
+//                            N=4  8K 7.6/8.2/13.3 32K 19/15/23     256K -/50/81  1M -/175/197
+//                                 2M -/432/421
+//                            N=8  16K 35/58/140   32K 107/36/207   64K 284/141/137
+//                                 128K -/258/194
+// So: flat up to 8 KiB (N <= 4) or 16 KiB; direct above that up to 1 MiB at N = 3..4 and up to
+// 64 KiB beyond (not at N=2, where the ring ties it); the ring above. Recursive doubling never
+// wins by more than noise on shared memory and loses up to 7x from 128 KiB at N=4 (whole-buffer
+// exchanges queue behind 4-slot FIFOs), so shared memory skips it.
 size_t flat_allreduce_max_bytes(int world_size) {
-  return world_size <= 4 ? size_t{8} << 10 : SIZE_MAX;
+  return world_size <= 4 ? size_t{8} << 10 : size_t{16} << 10;
+}
+size_t direct_allreduce_max_bytes(int world_size) {
+  if (world_size <= 2) return 0;
+  return world_size <= 4 ? size_t{1} << 20 : size_t{64} << 10;
 }
 // Shared memory: one FIFO slot per message. Interleaved medians of 3 rounds at N=2, 4, 8 and
 // 1-256 MiB (docs/PERFORMANCE.md): 4 slots of 256 KiB with 256 KiB messages were best or within
@@ -99,6 +109,7 @@ Tuner::Tuner(const core::Config& config, int world_size, int transport_channels,
   flat_allreduce_ = algorithms::find_algorithm(Collective::allreduce, "flat");
   flat_barrier_ = algorithms::find_algorithm(Collective::barrier, "flat");
   hierarchical_ = algorithms::find_algorithm(Collective::allreduce, "hierarchical");
+  direct_ = algorithms::find_algorithm(Collective::allreduce, "direct");
   for (Collective c : kAllCollectives)
     for (const auto& a : algorithms::all_algorithms())
       if (a.kind == c) {
@@ -114,10 +125,13 @@ const algorithms::Algorithm* Tuner::pick(const algorithms::Args& args) const {
       if (bytes <= a->max_bytes) return a;
   if (args.kind == Collective::allreduce && size_ > 1) {
     // One host: every rank reads every peer's input in place, one step (flat_allreduce.cc).
-    if (shared_memory_)
-      return bytes <= flat_allreduce_max_bytes(size_) && bytes <= flat_allreduce_->max_bytes
-                 ? flat_allreduce_
-                 : first_.at(Collective::allreduce);
+    if (shared_memory_) {
+      if (bytes <= flat_allreduce_max_bytes(size_) && bytes <= flat_allreduce_->max_bytes)
+        return flat_allreduce_;
+      // Two synchronisations per round instead of 2(N-1) hops (direct_allreduce.cc).
+      if (bytes <= direct_allreduce_max_bytes(size_)) return direct_;
+      return first_.at(Collective::allreduce);
+    }
     // Small buffers: lg N simultaneous exchanges beat the ring's 2(N-1) sequential steps when
     // latency dominates (at N=2: one exchange against two hops).
     if (bytes <= kRecursiveDoublingMaxBytes) return rd_;

@@ -48,6 +48,7 @@ class Tuner {
   const algorithms::Algorithm* flat_allreduce_ = nullptr;
   const algorithms::Algorithm* flat_barrier_ = nullptr;
   const algorithms::Algorithm* hierarchical_ = nullptr;
+  const algorithms::Algorithm* direct_ = nullptr;
 };
 
 }  // namespace ringreduce::tuner
