@@ -24,8 +24,14 @@ void flat_allreduce(Context& ctx, const Args& a) {
   transport::Window& w = *ctx.transport.window();
   flat::publish(ctx, w, a.send, bytes);
   flat::wait_for_all(ctx, w);
-  // Our own input is read from the window copy: in place, `out` is overwritten as we go.
-  auto input = [&](int q) { return flat::area(w, q, ctx.rank, ctx.seq).payload(); };
+  // Our own input: ranks 0 and 1 read it from `send` (the first combine reads each element before
+  // writing it, so in place is safe there, and it is in cache, where our window copy may still
+  // wait in the store buffer for its cache line); later ranks from the window copy, because in
+  // place `out` is overwritten as we go.
+  auto input = [&](int q) -> const void* {
+    if (q == ctx.rank && q <= 1) return a.send;
+    return flat::area(w, q, ctx.rank, ctx.seq).payload();
+  };
   reduce::combine(out, input(0), input(1), a.count, a.dtype, a.op);
   for (int q = 2; q < ctx.size; ++q) reduce::combine(out, out, input(q), a.count, a.dtype, a.op);
   if (a.op == ReduceOp::avg)

@@ -456,6 +456,44 @@ TEST_P(StreamTest, MatchesReferenceAtEveryAlignment) {
 
 INSTANTIATE_TEST_SUITE_P(FloatKernels, StreamTest, testing::ValuesIn(stream_cases()), case_name);
 
+TEST(StreamCopy, EveryIsaCopiesEveryByteAtEveryAlignment) {
+  std::mt19937_64 rng(7);
+  for (ri::Isa isa : kAllIsas) {
+    if (!ri::cpu_supports(isa)) continue;
+    const ri::CopyFn fn = ri::table_for(isa).copy_stream;
+    ASSERT_NE(fn, nullptr) << isa_name(isa);
+    for (size_t n : {size_t{0}, size_t{1}, size_t{63}, size_t{64}, size_t{255}, size_t{256},
+                     size_t{1000}, size_t{262147}}) {
+      for (size_t dst_off : {0, 1, 7, 16, 63}) {
+        for (size_t src_off : {0, 3, 32}) {
+          SCOPED_TRACE(std::string(isa_name(isa)) + " bytes " + std::to_string(n) + " dst+" +
+                       std::to_string(dst_off) + " src+" + std::to_string(src_off));
+          std::vector<unsigned char> src(n + 64), dst(n + 128, 0xA5);
+          for (auto& c : src) c = static_cast<unsigned char>(rng());
+          auto base = reinterpret_cast<uintptr_t>(dst.data());
+          unsigned char* d = dst.data() + ((64 - base % 64) % 64) + dst_off;
+          const auto before = dst;
+          fn(d, src.data() + src_off, n);
+          ASSERT_EQ(0, std::memcmp(d, src.data() + src_off, n));
+          // Nothing outside [d, d + n) is touched.
+          for (size_t i = 0; i < dst.size(); ++i) {
+            const bool inside = dst.data() + i >= d && dst.data() + i < d + n;
+            if (!inside) {
+              ASSERT_EQ(dst[i], before[i]) << "byte " << i;
+            }
+          }
+        }
+      }
+    }
+  }
+  // The public entry point, both ways.
+  std::vector<char> a(5000, 'x'), b(5000), c(5000);
+  ringreduce::reduce::copy(b.data(), a.data(), a.size(), true);
+  ringreduce::reduce::copy(c.data(), a.data(), a.size(), false);
+  EXPECT_EQ(b, a);
+  EXPECT_EQ(c, a);
+}
+
 TEST(ReduceTables, StreamKernelsOnlyForF32AndF64) {
   for (ri::Isa isa : kAllIsas) {
     for (DataType t : kAllTypes) {
