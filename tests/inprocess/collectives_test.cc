@@ -96,19 +96,18 @@ TEST_P(Matrix, AllreduceRecursiveDoublingEveryDtypeOpCountPlacement) {
   allreduce_matrix(ranks(), "rd", transport());
 }
 
-TEST_P(Matrix, AllreduceFlatEveryDtypeOpCountPlacement) {
-  // The flat algorithm reads peers' memory directly: shared memory only (on TCP, forcing it is
-  // an error, tested in comm_test). Counts above its limit fall back to the tuner's choice.
-  if (kind() != "shm") GTEST_SKIP() << "flat needs every rank on one host";
-  allreduce_matrix(ranks(), "flat", transport());
+// The window algorithms read peers' memory in place: every rank on one host, shared memory only
+// (forcing them otherwise is an error, tested in comm_test). Counts above an algorithm's limit
+// fall back to the tuner's choice; 1M+3 elements take direct several rounds at every N.
+class OneHost : public ::testing::TestWithParam<int> {};
+TEST_P(OneHost, AllreduceFlatEveryDtypeOpCountPlacement) {
+  allreduce_matrix(GetParam(), "flat", {});
 }
-
-TEST_P(Matrix, AllreduceDirectEveryDtypeOpCountPlacement) {
-  // The direct algorithm reads peers' memory directly: shared memory only (on TCP, forcing it is
-  // an error, tested in comm_test). 1M+3 elements take several rounds at every N and dtype.
-  if (kind() != "shm") GTEST_SKIP() << "direct needs every rank on one host";
-  allreduce_matrix(ranks(), "direct", transport());
+TEST_P(OneHost, AllreduceDirectEveryDtypeOpCountPlacement) {
+  allreduce_matrix(GetParam(), "direct", {});
 }
+INSTANTIATE_TEST_SUITE_P(Ranks, OneHost, ::testing::Range(1, 10),
+                         [](const auto& info) { return "shm_N" + std::to_string(info.param); });
 
 TEST_P(Matrix, AllreduceHierarchicalEveryDtypeOpCountPlacement) {
   // Two levels on "mix" (two emulated hosts) when N is even; otherwise, and on one host, it is
