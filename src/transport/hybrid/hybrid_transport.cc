@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "ringreduce/error.h"
+#include "transport/idle_policy.h"
 
 namespace ringreduce::transport::hybrid {
 
@@ -39,9 +40,7 @@ void HybridTransport::set_describer(std::function<std::string(const OpTag&)> f) 
 }
 
 void HybridTransport::wait(Completion& c, const core::Deadline& deadline) {
-  using namespace std::chrono;
-  auto spin_until = core::Clock::now() + microseconds(spin_us_);
-  int idle_yields = 0;
+  IdlePolicy idle(oversubscribed_, max_idle_yields_, spin_us_);
   // Primitives posted since the last pass may owe shared-memory peers a wake-up.
   shm_->poll(false);
   while (!c.done()) {
@@ -56,24 +55,7 @@ void HybridTransport::wait(Completion& c, const core::Deadline& deadline) {
     shm_->throw_if_notice();
     tcp_->throw_if_notice();
     if (deadline.expired()) throw_timeout();
-    if (oversubscribed_) {
-      if (any) {
-        idle_yields = 0;
-        continue;
-      }
-      if (idle_yields++ < max_idle_yields_) {
-        sched_yield();
-        continue;
-      }
-      idle_yields = 0;
-    } else {
-      const auto now = core::Clock::now();
-      if (any) {
-        spin_until = now + microseconds(spin_us_);
-        continue;
-      }
-      if (now < spin_until) continue;
-    }
+    if (!idle.should_sleep(any)) continue;
     shm_->check_calls();
     // Sleep: with the flag up, one more pass finds what a peer published before it saw it.
     const int cap_ms = shm_->begin_sleep();

@@ -19,6 +19,7 @@
 
 #include "core/log.h"
 #include "ringreduce/error.h"
+#include "transport/idle_policy.h"
 
 namespace ringreduce::transport::shm {
 namespace {
@@ -470,12 +471,10 @@ void ShmTransport::sleep(const core::Deadline& deadline, Recheck&& recheck) {
 template <class Poll, class Moved, class OnTimeout>
 void ShmTransport::drive(Poll&& poll, Moved&& moved, OnTimeout&& on_timeout,
                          const core::Deadline& deadline) {
-  using namespace std::chrono;
-  auto spin_until = core::Clock::now() + microseconds(opts_.spin_us);
   // Primitives posted since the last pass may have moved eagerly and owe their peers a wake-up,
   // even when the wait is over already.
   flush_rings();
-  int idle_yields = 0;
+  IdlePolicy idle(opts_.yield_while_spinning, opts_.max_idle_yields, opts_.spin_us);
   for (;;) {
     if (interrupted_.load(std::memory_order_acquire)) {
       std::lock_guard<std::mutex> lock(interrupt_mu_);
@@ -485,25 +484,7 @@ void ShmTransport::drive(Poll&& poll, Moved&& moved, OnTimeout&& on_timeout,
     const bool any = moved();
     throw_if_notice();
     if (deadline.expired()) on_timeout();
-    if (opts_.yield_while_spinning) {
-      // Ranks outnumber cores: the data we wait for comes from a rank that needs this core.
-      if (any) {
-        idle_yields = 0;
-        continue;
-      }
-      if (idle_yields++ < opts_.max_idle_yields) {
-        sched_yield();
-        continue;
-      }
-      idle_yields = 0;
-    } else {
-      const auto now = core::Clock::now();
-      if (any) {
-        spin_until = now + microseconds(opts_.spin_us);
-        continue;
-      }
-      if (now < spin_until) continue;
-    }
+    if (!idle.should_sleep(any)) continue;
     // Nothing moves: if a peer is in another call (whatever algorithm it runs), say so now.
     check_peer_calls();
     // Nothing has moved for a while: forwards that wait for room stage their data instead (see

@@ -42,11 +42,7 @@ struct ShmOptions {
   std::vector<int> local_ranks;
   int spin_us = 50;
   // Ranks outnumber cores: instead of spinning for spin_us, a waiter yields its core at once and
-  // sleeps after this many yields in a row found nothing to do. Counting yields rather than
-  // time: while another rank uses the core, a yield takes as long as that rank runs, which is
-  // the point and must not count as idle; and sched_yield may return at once even though a
-  // co-located rank is runnable (the scheduler finds it not yet eligible), so a waiter that only
-  // yielded could keep the core from the very rank it waits for.
+  // sleeps after max_idle_yields yields in a row found nothing to do (transport/idle_policy.h).
   bool yield_while_spinning = false;
   int max_idle_yields = 8;
 };
