@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Multi-process tests of real launches: every collective through ringrun at N=2 and 4, the
-# mismatch error, and from_env under OpenMPI's mpirun and with torchrun's and Slurm's variables.
+# Multi-process tests of real launches: every collective through ringrun at N=2 and 4 (and over
+# two emulated hosts), the mismatch error, a rank killed mid-allreduce (shm, tcp, both), and from_env under OpenMPI's mpirun and with torchrun's and Slurm's variables.
 # Usage: launchers.sh CASE BUILD_DIR. Exit 77 = skipped. Every process is bounded by timeout and
 # killed by pid on exit.
 set -uo pipefail
@@ -27,6 +27,19 @@ case "$case_name" in
         fi
         echo "ok: $coll N=$n ($(grep -c '^\[0\]  ' <<<"$out") rows)"
       done
+    done
+    ;;
+  mixhosts)
+    # Two emulated hosts (RINGREDUCE_HOST_ID by rank parity): ranks 0 and 2 share memory, so do 1
+    # and 3, and the hosts talk TCP; the ring is reordered by host. Every collective, dtype, op.
+    for coll in allreduce reduce_scatter allgather broadcast reduce alltoall; do
+      out=$(timeout 120 "$ringrun" -n 4 -- sh -c 'RINGREDUCE_HOST_ID=h$((RINGREDUCE_RANK % 2)) exec "$@"' sh \
+            "$perf" "$coll" -b 4 -e 4M -f 32 -n 2 -w 1 -d all -o all -r 3 2>&1)
+      rc=$?
+      if [ $rc -ne 0 ] || ! grep -q "Out of bounds values : 0 OK" <<<"$out"; then
+        echo "FAILED: $coll (rc $rc)"; echo "$out" | tail -30; exit 1
+      fi
+      echo "ok: $coll over two emulated hosts ($(grep -c '^\[0\]  ' <<<"$out") rows)"
     done
     ;;
   mismatch)
@@ -76,15 +89,18 @@ case "$case_name" in
     rm -f /tmp/rr_launch_$$_*.log
     exit $rc
     ;;
-  killshm|killtcp)
+  killshm|killtcp|killmix)
     # Rank 2 of 4 SIGKILLs itself mid-allreduce; the three survivors must each raise a PeerError
     # naming it, and nothing may be left in /dev/shm. Started by hand (not ringrun, which would
-    # kill the survivors as soon as one rank dies).
+    # kill the survivors as soon as one rank dies). killmix: two emulated hosts (ranks 0 and 2 on
+    # one), so rank 0 sees the death over shared memory and ranks 1 and 3 over TCP.
     port=$(free_port)
     shm=1; [ "$case_name" = killtcp ] && shm=0
     before=$(ls /dev/shm 2>/dev/null | sort)
     for r in 0 1 2 3; do
+      host=one; [ "$case_name" = killmix ] && host=h$((r % 2))
       env RINGREDUCE_RANK=$r RINGREDUCE_WORLD_SIZE=4 RINGREDUCE_ADDR=127.0.0.1:$port RINGREDUCE_SHM=$shm \
+        RINGREDUCE_HOST_ID=$host \
         timeout 60 "$build/tests/multiprocess/kill_rank" 2 >"/tmp/rr_kill_$$_$r.log" 2>&1 &
       pids+=($!)
     done
