@@ -195,6 +195,10 @@ CommImpl::CommImpl(const Options& options) : config_(overrides_from(options)) {
     topts.spin_us = spin_us;
     topts.store_host = store_host;
     topts.peers = std::move(peers);
+    topts.other_host.resize(static_cast<size_t>(size_));
+    for (int q = 0; q < size_; ++q)
+      topts.other_host[static_cast<size_t>(q)] =
+          hosts[static_cast<size_t>(q)] != hosts[static_cast<size_t>(rank_)];
     return std::make_unique<transport::tcp::TcpTransport>(topts, config_, *store_, deadline);
   };
   // Every host decides alike, so each pair of ranks agrees on its link's kind: shared memory

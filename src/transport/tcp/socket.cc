@@ -79,6 +79,18 @@ bool parse_numeric(const std::string& host_in, int port, SockAddr* out) {
   return false;
 }
 
+bool SockAddr::is_loopback() const {
+  if (family() == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&storage);
+    return (ntohl(a->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (family() == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&storage);
+    return IN6_IS_ADDR_LOOPBACK(&a->sin6_addr);
+  }
+  return false;
+}
+
 namespace {
 
 bool is_loopback_host(const std::string& h) {

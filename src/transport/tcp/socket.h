@@ -18,6 +18,7 @@ struct SockAddr {
   int port() const;
   void set_port(int port);
   std::string str() const;  // "127.0.0.1:4242" or "[::1]:4242"
+  bool is_loopback() const;  // 127.0.0.0/8 or ::1
 };
 
 // Parses a numeric IPv4/IPv6 address (no name lookup) with a port.

@@ -95,14 +95,39 @@ void TcpTransport::connect_mesh(const core::Config& config, Store& store,
   std::vector<SockAddr> peers(static_cast<size_t>(size));
   const auto timeout_ms = std::chrono::milliseconds(deadline.remaining_ms());
   auto wanted = [&](int q) { return connect_[static_cast<size_t>(q)]; };
-  for (int q = 0; q < rank; ++q) {
-    if (!wanted(q)) continue;
+  auto remote = [&](int q) {
+    return static_cast<size_t>(q) < opts_.other_host.size() &&
+           opts_.other_host[static_cast<size_t>(q)];
+  };
+  // A loopback address cannot carry data between hosts: say so now, on every rank involved,
+  // instead of letting connects be refused until the timeout.
+  const std::string ifname = config.str("RINGREDUCE_SOCKET_IFNAME");
+  const std::string ifname_note = ifname.empty() ? "no RINGREDUCE_SOCKET_IFNAME set"
+                                                 : "RINGREDUCE_SOCKET_IFNAME='" + ifname + "'";
+  if (listen_addr_.is_loopback()) {
+    for (int q = 0; q < size; ++q)
+      if (wanted(q) && remote(q))
+        throw InvalidArgument("rank " + std::to_string(rank) + ": the data address chosen is " +
+                              listen_addr_.str() + " (loopback, " + ifname_note + "), but rank " +
+                              std::to_string(q) +
+                              " is on another host: pick an interface both can reach");
+  }
+  // Lower ranks are connected to; higher ranks' addresses are read only when they run elsewhere,
+  // to name a loopback address there too.
+  for (int q = 0; q < size; ++q) {
+    if (!wanted(q) || (q > rank && !remote(q))) continue;
     std::string v = from_bytes(store.get("addr/" + std::to_string(q), timeout_ms));
     auto a = v.find('|'), b = v.find('|', a + 1);
     if (a == std::string::npos || b == std::string::npos ||
         !parse_numeric(v.substr(0, a), std::stoi(v.substr(a + 1, b - a - 1)),
                        &peers[static_cast<size_t>(q)]))
       throw Error("rank " + std::to_string(q) + " published an unreadable address '" + v + "'");
+    if (remote(q) && peers[static_cast<size_t>(q)].is_loopback())
+      throw InvalidArgument("rank " + std::to_string(rank) + ": rank " + std::to_string(q) +
+                            " is on another host but published the loopback address " +
+                            peers[static_cast<size_t>(q)].str() +
+                            " for data: set RINGREDUCE_SOCKET_IFNAME there to an interface both "
+                            "can reach");
   }
 
   auto slot = [&](int peer, int ch) -> std::unique_ptr<TcpLink>& {

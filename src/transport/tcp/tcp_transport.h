@@ -32,6 +32,9 @@ struct TcpOptions {
   std::string store_host;  // to pick the data interface
   // The ranks to connect with (a HybridTransport leaves out the ones on this host); empty: all.
   std::vector<int> peers;
+  // other_host[q]: rank q runs on another host (a loopback address cannot reach it). Empty:
+  // unknown.
+  std::vector<bool> other_host;
 };
 
 class TcpTransport final : public Transport {
