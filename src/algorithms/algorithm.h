@@ -114,5 +114,6 @@ void flat_allreduce(Context& ctx, const Args& a);
 void flat_barrier(Context& ctx, const Args& a);
 void direct_allreduce(Context& ctx, const Args& a);
 void hierarchical_allreduce(Context& ctx, const Args& a);
+void star_allreduce(Context& ctx, const Args& a);  // for the scaling comparison only
 
 }  // namespace ringreduce::algorithms

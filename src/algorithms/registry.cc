@@ -38,6 +38,7 @@ const std::vector<Algorithm>& all_algorithms() {
       {"flat", Collective::barrier, 10, flat_barrier, true},
       {"direct", Collective::allreduce, 11, direct_allreduce, /*needs_window=*/true},
       {"hierarchical", Collective::allreduce, 12, hierarchical_allreduce},
+      {"star", Collective::allreduce, 13, star_allreduce},
   };
   return kAll;
 }

@@ -95,6 +95,9 @@ TEST_P(Matrix, AllreduceRingEveryDtypeOpCountPlacement) {
 TEST_P(Matrix, AllreduceRecursiveDoublingEveryDtypeOpCountPlacement) {
   allreduce_matrix(ranks(), "rd", transport());
 }
+TEST_P(Matrix, AllreduceStarEveryDtypeOpCountPlacement) {
+  allreduce_matrix(ranks(), "star", transport());
+}
 
 // The window algorithms read peers' memory in place: every rank on one host, shared memory only
 // (forcing them otherwise is an error, tested in comm_test). Counts above an algorithm's limit
