@@ -144,7 +144,13 @@ CommImpl::CommImpl(const Options& options) : config_(overrides_from(options)) {
   }
 
   const int64_t channels = config_.integer("RINGREDUCE_CHANNELS");
-  if (channels < 1 || channels > 64) throw InvalidArgument("RINGREDUCE_CHANNELS must be 1..64");
+  if (channels < 1 || channels > 64)
+    throw InvalidArgument("rank " + std::to_string(rank_) + ": RINGREDUCE_CHANNELS=" +
+                          std::to_string(channels) + " is not in 1..64");
+  const int64_t nsocks = config_.integer("RINGREDUCE_NSOCKS");
+  if (nsocks < 1 || nsocks > 16)
+    throw InvalidArgument("rank " + std::to_string(rank_) + ": RINGREDUCE_NSOCKS=" +
+                          std::to_string(nsocks) + " is not in 1..16");
   // Which ranks share a host: they may use shared memory, they share its cores, and the ring
   // keeps them next to each other.
   const bool shm_allowed = size_ > 1 && config_.str("RINGREDUCE_SHM") != "0";
@@ -184,8 +190,11 @@ CommImpl::CommImpl(const Options& options) : config_(overrides_from(options)) {
     sopts.local_ranks = std::move(locals);
     return std::make_unique<transport::shm::ShmTransport>(sopts, *store_, deadline);
   };
-  auto make_tcp = [&](std::vector<int> peers) {
+  auto make_tcp = [&](std::vector<int> peers, bool striped) {
     transport::tcp::TcpOptions topts;
+    // Forwards between shared memory and TCP move one frame per message, so a mixed
+    // communicator keeps one connection per link.
+    topts.nsocks = striped ? static_cast<int>(nsocks) : 1;
     topts.rank = rank_;
     topts.size = size_;
     topts.comm_id = comm_id;
@@ -212,12 +221,12 @@ CommImpl::CommImpl(const Options& options) : config_(overrides_from(options)) {
     for (int q = 0; q < size_; ++q)
       if (hosts[static_cast<size_t>(q)] != hosts[static_cast<size_t>(rank_)]) remote.push_back(q);
     auto shm = make_shm(local_ranks);
-    auto tcp = make_tcp(std::move(remote));
+    auto tcp = make_tcp(std::move(remote), false);
     transport_ = std::make_unique<transport::hybrid::HybridTransport>(
         std::move(shm), std::move(tcp), local_ranks, oversubscribed, max_idle_yields, spin_us);
     link_kind_ = "shm+tcp";
   } else {
-    transport_ = make_tcp({});
+    transport_ = make_tcp({}, true);
     link_kind_ = "tcp";
   }
   transport_->set_describer([this](const transport::OpTag& t) { return describe(t); });

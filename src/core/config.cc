@@ -19,6 +19,9 @@ const std::vector<SettingInfo>& all_settings() {
       {"RINGREDUCE_ALGO", "", "force an algorithm, e.g. ring or allreduce:ring (default: tuner)"},
       {"RINGREDUCE_SEGMENT_BYTES", "", "pipeline segment size (default: chosen by the tuner)"},
       {"RINGREDUCE_CHANNELS", "1", "independent rings over disjoint parts of the buffer"},
+      {"RINGREDUCE_NSOCKS", "1",
+       "TCP connections per link; > 1 stripes each message of 128 KiB or more over them (not in "
+       "communicators that mix shared memory and TCP)"},
       {"RINGREDUCE_SOCKET_IFNAME", "",
        "network interface(s) for data sockets: eth0, ^docker,lo (exclude), =eth0 (exact)"},
       {"RINGREDUCE_SOCKET_FAMILY", "", "AF_INET or AF_INET6 to force an address family"},

@@ -118,6 +118,22 @@ TEST_P(Matrix, AllreduceHierarchicalEveryDtypeOpCountPlacement) {
   allreduce_matrix(ranks(), "hierarchical", transport());
 }
 
+// RINGREDUCE_NSOCKS: messages of 128 KiB and more are cut into stripes over several TCP
+// connections per link (1M+3 elements in 512 KiB segments, and 200000-byte segments whose
+// stripes end off any element boundary but 64 bytes'), also with two channels of their own.
+class Striped : public ::testing::TestWithParam<int> {};
+TEST_P(Striped, AllreduceEveryDtypeOpCountPlacement) {
+  const std::map<std::string, std::string> tcp3 = {{"RINGREDUCE_SHM", "0"},
+                                                   {"RINGREDUCE_NSOCKS", "3"}};
+  for (const char* algo : {"ring", "star", "rd"}) allreduce_matrix(GetParam(), algo, tcp3);
+  auto odd = tcp3;
+  odd["RINGREDUCE_SEGMENT_BYTES"] = "200000";
+  odd["RINGREDUCE_CHANNELS"] = "2";
+  allreduce_matrix(GetParam(), "ring", odd);
+}
+INSTANTIATE_TEST_SUITE_P(Ranks, Striped, ::testing::Values(2, 3, 5),
+                         [](const auto& info) { return "tcp_N" + std::to_string(info.param); });
+
 TEST(Hierarchical, HierarchicalOverThreeHosts) {
   for (int n : {6, 9}) allreduce_matrix(n, "hierarchical", {{"TEST_HOSTS", "3"}});
 }

@@ -141,6 +141,15 @@ TEST(Comm, MismatchedDtypeOpRootAndKindAreNamedOnEveryRank) {
                      ReduceOp::sum);
        },
        {{"RINGREDUCE_ALGO", "allreduce:direct"}}},
+      {"count, striped over 3 TCP connections",
+       [](Communicator& c) {
+         // Different lengths cut into different stripes: whatever frame meets whatever receive,
+         // every rank must hear of the mismatch, not hang on a stripe that never comes.
+         std::vector<float> d(1 << 20);
+         c.allreduce(d.data(), d.data(), c.rank() == 0 ? d.size() - 1000 : d.size(),
+                     DataType::f32, ReduceOp::sum);
+       },
+       {{"RINGREDUCE_SHM", "0"}, {"RINGREDUCE_NSOCKS", "3"}}},
       {"kind",
        [](Communicator& c) {
          std::vector<float> d(64 * 3);

@@ -17,7 +17,7 @@ struct SockAddr {
   int family() const { return storage.ss_family; }
   int port() const;
   void set_port(int port);
-  std::string str() const;  // "127.0.0.1:4242" or "[::1]:4242"
+  std::string str() const;   // "127.0.0.1:4242" or "[::1]:4242"
   bool is_loopback() const;  // 127.0.0.0/8 or ::1
 };
 

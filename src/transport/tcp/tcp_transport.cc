@@ -56,7 +56,8 @@ TcpTransport::TcpTransport(const TcpOptions& opts, const core::Config& config, S
   ev.events = EPOLLIN;
   ev.data.ptr = nullptr;  // the wake-up fd
   epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_.get(), &ev);
-  links_.resize(static_cast<size_t>(opts_.size) * static_cast<size_t>(opts_.channels));
+  if (opts_.nsocks < 1) opts_.nsocks = 1;
+  links_.resize(static_cast<size_t>(opts_.size) * static_cast<size_t>(wires()));
   connect_.assign(static_cast<size_t>(opts_.size), opts_.peers.empty());
   for (int q : opts_.peers) connect_.at(static_cast<size_t>(q)) = true;
   connect_[static_cast<size_t>(opts_.rank)] = false;
@@ -71,7 +72,15 @@ TcpTransport::TcpTransport(const TcpOptions& opts, const core::Config& config, S
 TcpTransport::~TcpTransport() = default;
 
 Link& TcpTransport::link(int peer, int channel) {
-  auto& l = links_[static_cast<size_t>(peer) * static_cast<size_t>(opts_.channels) +
+  if (opts_.nsocks > 1) {
+    auto& s = striped_[static_cast<size_t>(peer) * static_cast<size_t>(opts_.channels) +
+                       static_cast<size_t>(channel)];
+    if (!s)
+      throw Error("no link from rank " + std::to_string(opts_.rank) + " to rank " +
+                  std::to_string(peer));
+    return *s;
+  }
+  auto& l = links_[static_cast<size_t>(peer) * static_cast<size_t>(wires()) +
                    static_cast<size_t>(channel)];
   if (!l)
     throw Error("no link from rank " + std::to_string(opts_.rank) + " to rank " +
@@ -81,7 +90,8 @@ Link& TcpTransport::link(int peer, int channel) {
 
 void TcpTransport::connect_mesh(const core::Config& config, Store& store,
                                 const core::Deadline& deadline) {
-  const int rank = opts_.rank, size = opts_.size, channels = opts_.channels;
+  // Every connection is a "channel" here: the wires of striped links count as channels too.
+  const int rank = opts_.rank, size = opts_.size, channels = wires();
   SockAddr want = choose_data_address(config, opts_.store_host);
   listener_ = listen_on(want, &listen_addr_);
   // Publish "family|numeric host|port|hostname". The listener exists before anyone can read this,
@@ -272,7 +282,19 @@ void TcpTransport::connect_mesh(const core::Config& config, Store& store,
     l->registered_events = EPOLLIN;
     l->registered = true;
   }
-  RR_LOG(info, rank, "connected to ", size - 1, " peers on ", channels, " channel(s)");
+  if (opts_.nsocks > 1) {
+    striped_.resize(static_cast<size_t>(size) * static_cast<size_t>(opts_.channels));
+    for (int q = 0; q < size; ++q)
+      for (int ch = 0; ch < opts_.channels; ++ch) {
+        if (!slot(q, ch * opts_.nsocks)) continue;
+        std::vector<TcpLink*> w;
+        for (int k = 0; k < opts_.nsocks; ++k) w.push_back(slot(q, ch * opts_.nsocks + k).get());
+        striped_[static_cast<size_t>(q) * static_cast<size_t>(opts_.channels) +
+                 static_cast<size_t>(ch)] = std::make_unique<StripedLink>(w, opts_.min_stripe);
+      }
+  }
+  RR_LOG(info, rank, "connected to ", size - 1, " peers on ", opts_.channels, " channel(s) x ",
+         opts_.nsocks, " socket(s)");
 }
 
 void TcpTransport::update_interest(TcpLink& link) {

@@ -15,6 +15,7 @@
 #include "ringreduce/store.h"
 #include "transport/link.h"
 #include "transport/tcp/socket.h"
+#include "transport/tcp/striped_link.h"
 #include "transport/tcp/tcp_link.h"
 
 namespace ringreduce::transport::tcp {
@@ -23,6 +24,10 @@ struct TcpOptions {
   int rank = 0;
   int size = 1;
   int channels = 1;
+  // Connections per link (RINGREDUCE_NSOCKS): > 1 stripes each message over that many
+  // (striped_link.h); messages below 2 x min_stripe bytes use one.
+  int nsocks = 1;
+  size_t min_stripe = 64 * 1024;
   uint64_t comm_id = 0;
   int socket_buffer = 0;  // 0: the kernel autotunes the buffers
   // Poll this long before sleeping in epoll_wait: a sleeping thread costs tens of µs to wake.
@@ -85,7 +90,11 @@ class TcpTransport final : public Transport {
   SockAddr listen_addr_;
   core::Fd epoll_;
   core::Fd wake_;  // eventfd: interrupt() wakes a blocked epoll_wait through it
-  std::vector<std::unique_ptr<TcpLink>> links_;  // [peer * channels + channel], null for self
+  // Connections ("wires"): channels x nsocks per peer.
+  int wires() const { return opts_.channels * opts_.nsocks; }
+  // [peer * wires() + channel * nsocks + socket], null for self.
+  std::vector<std::unique_ptr<TcpLink>> links_;
+  std::vector<std::unique_ptr<StripedLink>> striped_;  // [peer * channels + channel], nsocks > 1
   OpTag tag_;
   std::function<std::string(const OpTag&)> describe_;
   std::atomic<bool> interrupted_{false};
