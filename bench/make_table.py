@@ -24,6 +24,7 @@ LIBS = [  # (key in file names, column title)
     ("gloo", "Gloo ring_chunked"),
     ("torch", "torch+gloo"),
     ("mpi", "OpenMPI tcp"),
+    ("mpiring", "OpenMPI ring"),
 ]
 RATIOS = [("gloo", "rr/Gloo"), ("mpi", "rr/OpenMPI")]  # ringreduce busbw / peer busbw
 FILE_RE = re.compile(r"^(?P<lib>[A-Za-z0-9_]+?)_N(?P<n>\d+)_r(?P<round>\d+)\.txt$")
@@ -147,7 +148,7 @@ def main():
         out.append(f"runs with results: {counts}\n")
         if stream[n]:
             s = stream[n]
-            out.append(f"single-stream TCP loopback (tcp_stream, 4 MiB writes): best {max(s):.2f} GB/s "
+            out.append(f"single-stream TCP (tcp_stream, 4 MiB writes): best {max(s):.2f} GB/s "
                        f"(runs: {', '.join(f'{v:.2f}' for v in s)})\n")
         sizes = sorted({sz for k, _ in LIBS for sz in data[n].get(k, {})})
         if not sizes:

@@ -1,4 +1,5 @@
-// Peer benchmark: Gloo's AllreduceRingChunked over Gloo's TCP transport on 127.0.0.1.
+// Peer benchmark: Gloo's AllreduceRingChunked over Gloo's TCP transport on 127.0.0.1 (or on
+// $PEER_HOSTNAME).
 //
 // Launch either
 //   gloo_allreduce -N 4 [flags]                 fork-launches 4 ranks itself (store in a fresh
@@ -46,7 +47,9 @@ double allreduce_scalar(const Ctx& ctx, double v, bool max) {
 
 int run_rank(int rank, int size, const peers::Options& o) {
   gloo::transport::tcp::attr attr;
-  attr.hostname = "127.0.0.1";
+  // PEER_HOSTNAME: the address to listen on across hosts (bench/cluster_compare.sh); loopback else.
+  const char* host = std::getenv("PEER_HOSTNAME");
+  attr.hostname = host && *host ? host : "127.0.0.1";
   attr.ai_family = AF_INET;
   auto dev = gloo::transport::tcp::CreateDevice(attr);
 
