@@ -131,7 +131,7 @@ def main():
 
     out = []
     setup = os.path.join(a.outdir, "setup.txt")
-    out.append("# TCP loopback allreduce: ringreduce vs peers\n")
+    out.append("# Allreduce over TCP: ringreduce vs peers\n")
     if os.path.exists(setup):
         with open(setup) as f:
             out.append("```\n" + f.read().rstrip() + "\n```\n")

@@ -25,6 +25,9 @@ using algorithms::Collective;
 // lost peer. The cause was sent before the lost peer even reacted to it, so it is normally there
 // already; this only bounds the wait when there is none (a rank that really died).
 constexpr std::chrono::milliseconds kCauseGrace{100};
+// probe_network's bulk transfer: long enough to see a 1 Gbit/s link's rate (4.4 ms there), short
+// enough to cost little at start-up.
+constexpr size_t kProbeBytes = 512 << 10;
 
 // Options fields become overrides of the settings they stand for, so that the one registry
 // resolves every setting the same way.
@@ -145,12 +148,12 @@ CommImpl::CommImpl(const Options& options) : config_(overrides_from(options)) {
 
   const int64_t channels = config_.integer("RINGREDUCE_CHANNELS");
   if (channels < 1 || channels > 64)
-    throw InvalidArgument("rank " + std::to_string(rank_) + ": RINGREDUCE_CHANNELS=" +
-                          std::to_string(channels) + " is not in 1..64");
+    throw InvalidArgument("rank " + std::to_string(rank_) +
+                          ": RINGREDUCE_CHANNELS=" + std::to_string(channels) + " is not in 1..64");
   const int64_t nsocks = config_.integer("RINGREDUCE_NSOCKS");
   if (nsocks < 1 || nsocks > 16)
-    throw InvalidArgument("rank " + std::to_string(rank_) + ": RINGREDUCE_NSOCKS=" +
-                          std::to_string(nsocks) + " is not in 1..16");
+    throw InvalidArgument("rank " + std::to_string(rank_) +
+                          ": RINGREDUCE_NSOCKS=" + std::to_string(nsocks) + " is not in 1..16");
   // Which ranks share a host: they may use shared memory, they share its cores, and the ring
   // keeps them next to each other.
   const bool shm_allowed = size_ > 1 && config_.str("RINGREDUCE_SHM") != "0";
@@ -204,10 +207,14 @@ CommImpl::CommImpl(const Options& options) : config_(overrides_from(options)) {
     topts.spin_us = spin_us;
     topts.store_host = store_host;
     topts.peers = std::move(peers);
-    topts.other_host.resize(static_cast<size_t>(size_));
-    for (int q = 0; q < size_; ++q)
-      topts.other_host[static_cast<size_t>(q)] =
-          hosts[static_cast<size_t>(q)] != hosts[static_cast<size_t>(rank_)];
+    // Only detected identities say that a loopback address cannot reach a peer: hosts named
+    // with RINGREDUCE_HOST_ID may be emulated on one machine, where loopback is the way.
+    if (config_.str("RINGREDUCE_HOST_ID").empty()) {
+      topts.other_host.resize(static_cast<size_t>(size_));
+      for (int q = 0; q < size_; ++q)
+        topts.other_host[static_cast<size_t>(q)] =
+            hosts[static_cast<size_t>(q)] != hosts[static_cast<size_t>(rank_)];
+    }
     return std::make_unique<transport::tcp::TcpTransport>(topts, config_, *store_, deadline);
   };
   // Every host decides alike, so each pair of ranks agrees on its link's kind: shared memory
@@ -232,7 +239,68 @@ CommImpl::CommImpl(const Options& options) : config_(overrides_from(options)) {
   transport_->set_describer([this](const transport::OpTag& t) { return describe(t); });
   tuner_ = std::make_unique<tuner::Tuner>(config_, size_, static_cast<int>(channels), use_shm,
                                           host_size_ < size_ ? host_size_ : 0);
+  if (same_host < size_) probe_network(hosts, deadline);
   RR_LOG(info, rank_, "communicator ready: ", size_, " ranks over ", link_kind_);
+}
+
+void CommImpl::probe_network(const std::vector<std::string>& hosts,
+                             const core::Deadline& deadline) {
+  // The partner: the first rank after rank 0 in the ring that is on another host.
+  int partner = -1;
+  const int p0 = ring_pos_[0];
+  for (int k = 1; k < size_ && partner < 0; ++k) {
+    const int q = ring_[static_cast<size_t>((p0 + k) % size_)];
+    if (hosts[static_cast<size_t>(q)] != hosts[0]) partner = q;
+  }
+  if (partner < 0) return;
+  double alpha = 0, bandwidth = 0;
+  if (rank_ == 0 || rank_ == partner) {
+    // The all-zero tag: no user op has it (their sequence numbers start at 1), and it is what
+    // the op lines of ranks that have not begun an op show, so shared-memory peers watching this
+    // rank's op line see no mismatch.
+    transport::OpTag zero;
+    zero.root = 0;  // every field zero, as in an op line nobody has written
+    transport_->begin_op(zero);
+    auto& link = transport_->link(rank_ == 0 ? partner : 0, 0);
+    std::vector<char> buf(kProbeBytes);
+    auto round = [&](size_t out, size_t back) {
+      transport::Completion c;
+      const auto t0 = core::Clock::now();
+      if (rank_ == 0) {
+        link.send(buf.data(), out, &c);
+        link.recv(buf.data(), back, &c);
+      } else {
+        link.recv(buf.data(), out, &c);
+        transport_->wait(c, deadline);
+        link.send(buf.data(), back, &c);
+      }
+      transport_->wait(c, deadline);
+      return std::chrono::duration<double>(core::Clock::now() - t0).count();
+    };
+    // Latency: the best of a few 8-byte round trips (the first also warms both ranks up).
+    double rtt = 1e9;
+    for (int i = 0; i < 5; ++i) rtt = std::min(rtt, round(8, 8));
+    // Bandwidth: the best of two one-way bulk transfers, each acknowledged by 8 bytes.
+    double bulk = 1e9;
+    for (int i = 0; i < 2; ++i) bulk = std::min(bulk, round(kProbeBytes, 8));
+    alpha = rtt / 2;
+    bandwidth = static_cast<double>(kProbeBytes) / std::max(bulk - rtt, 1e-7);
+    if (rank_ == 0) {
+      std::ostringstream v;
+      v.precision(17);
+      v << alpha << " " << bandwidth;
+      const std::string text = v.str();
+      store_->set("net_probe", std::vector<uint8_t>(text.begin(), text.end()));
+    }
+  }
+  if (rank_ != 0) {
+    auto v = store_->get("net_probe", std::chrono::milliseconds(deadline.remaining_ms()));
+    std::istringstream in(std::string(v.begin(), v.end()));
+    in >> alpha >> bandwidth;
+  }
+  tuner_->set_network(alpha, bandwidth);
+  RR_LOG(info, rank_, "network between hosts (rank 0 <-> rank ", partner, "): latency ",
+         alpha * 1e6, " us, ", bandwidth / 1e9, " GB/s");
 }
 
 CommImpl::~CommImpl() {

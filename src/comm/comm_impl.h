@@ -83,6 +83,10 @@ class CommImpl {
   void* scratch(size_t bytes);
   // Orders the ring by host (hosts: every rank's host identity).
   void ring_order(const std::vector<std::string>& hosts);
+  // Several hosts: measures the network between two of them (rank 0 and the first rank after it
+  // in the ring on another host) and tells the tuner; every rank reads the same result from the
+  // store, so every rank's tuner decides alike.
+  void probe_network(const std::vector<std::string>& hosts, const core::Deadline& deadline);
 
   core::Config config_;
   int rank_ = 0;

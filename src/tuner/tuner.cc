@@ -134,7 +134,7 @@ const algorithms::Algorithm* Tuner::pick(const algorithms::Args& args) const {
     }
     // Small buffers: lg N simultaneous exchanges beat the ring's 2(N-1) sequential steps when
     // latency dominates (at N=2: one exchange against two hops).
-    if (bytes <= kRecursiveDoublingMaxBytes) return rd_;
+    if (bytes <= kRecursiveDoublingMaxBytes && rd_beats_ring(bytes)) return rd_;
     // Several hosts with L >= 2 ranks each: two levels (hierarchical_allreduce.cc) cross the
     // network with the ring's bytes per host but over L connections at once, in 2(L-1)+2(H-1)
     // steps instead of 2(N-1). Emulated hosts on this 2-core machine (TCP loopback between
@@ -145,6 +145,25 @@ const algorithms::Algorithm* Tuner::pick(const algorithms::Args& args) const {
   }
   if (args.kind == Collective::barrier && shared_memory_) return flat_barrier_;
   return first_.at(args.kind);
+}
+
+// Recursive doubling against the ring, for an allreduce of `bytes` over the measured network.
+// Each step costs the larger of the message latency and the transfer (measured on the emulated
+// cluster, 4 hosts, forced algorithms, docs/PERFORMANCE.md: at 1 Gbit/s the ring's 64 KiB took
+// 6 x 138 us, its bandwidth term alone, and rd's 2 x 551 us; at 16 KiB the ring's steps cost their
+// ~70 us latency, 6 x 71 us): rd takes lg N whole-buffer steps (two more when N is not a power of
+// two, folding), the ring 2(N-1) steps of a 1/N chunk. At N=4 the crossover is 3 x latency x
+// bandwidth: ~25 KiB at 1 Gbit/s, ~280 KiB at 10 Gbit/s, as measured. Without a measurement (one
+// host) rd is taken up to kRecursiveDoublingMaxBytes, measured on loopback.
+bool Tuner::rd_beats_ring(size_t bytes) const {
+  if (net_bandwidth_ <= 0) return true;
+  int lg = 0;
+  while ((2 << lg) <= size_) ++lg;
+  const int rd_steps = lg + ((1 << lg) == size_ ? 0 : 2);
+  const double k = static_cast<double>(bytes), n = size_;
+  const double rd = rd_steps * std::max(net_alpha_, k / net_bandwidth_);
+  const double ring = 2 * (n - 1) * std::max(net_alpha_, k / (n * net_bandwidth_));
+  return rd <= ring;
 }
 
 Plan Tuner::choose(const algorithms::Args& args) const {

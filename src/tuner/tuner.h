@@ -30,9 +30,20 @@ class Tuner {
   Tuner(const core::Config& config, int world_size, int transport_channels, bool shared_memory,
         int host_size = 0);
   Plan choose(const algorithms::Args& args) const;
+  // The network between hosts as measured at start-up: one message's latency (seconds) and the
+  // bandwidth of one connection (bytes/s). With it, small allreduces on several hosts choose
+  // between recursive doubling and the ring by their cost (tuner.cc); without, by the loopback
+  // threshold.
+  void set_network(double alpha_s, double bytes_per_s) {
+    net_alpha_ = alpha_s;
+    net_bandwidth_ = bytes_per_s;
+  }
 
  private:
   const algorithms::Algorithm* pick(const algorithms::Args& args) const;
+  bool rd_beats_ring(size_t bytes) const;
+  double net_alpha_ = 0;
+  double net_bandwidth_ = 0;
 
   int size_;
   int channels_;

@@ -3,7 +3,8 @@
 # under its own name, runs real launches of ringreduce-perf across them, and takes them down from
 # an EXIT trap, pass or fail. Traffic stays inside the namespaces.
 #   ipv4      3 hosts x 2 ranks (shared memory inside a host, TCP between): every collective,
-#             dtype and op; interface selection (auto, =eth0, an exclusion that leaves nothing);
+#             dtype and op; interface selection (auto past a docker0 bridge, =eth0, an exclusion
+#             that leaves only loopback);
 #             the star allreduce forced
 #   ipv6      2 hosts with IPv6 addresses only: allreduce and allgather, every dtype
 #   mpirun    OpenMPI's mpirun over 2 hosts x 2 slots (its rsh agent enters the namespaces)
@@ -21,9 +22,16 @@ export CLUSTER_NAME=rrt${case_name:0:4}
 
 [ "$(id -u)" = 0 ] || { echo "skipped: the emulated cluster needs root (network namespaces, tc)"; exit 77; }
 command -v ip >/dev/null && command -v tc >/dev/null || { echo "skipped: needs iproute2 (ip, tc)"; exit 77; }
+# What the cluster needs from the kernel: namespaces, veth pairs, a bridge, tbf.
 probe=rrtprobe$$
 ip netns add "$probe" 2>/dev/null || { echo "skipped: cannot create network namespaces here"; exit 77; }
+why=""
+ip -n "$probe" link add pa type veth peer name pb 2>/dev/null || why="no veth"
+[ -z "$why" ] && { ip -n "$probe" link add br0 type bridge 2>/dev/null || why="no bridge"; }
+[ -z "$why" ] && { ip netns exec "$probe" tc qdisc add dev pa root tbf rate 1gbit burst 65536 latency 100ms \
+  2>/dev/null || why="no tbf qdisc"; }
 ip netns del "$probe"
+[ -z "$why" ] || { echo "skipped: this kernel cannot emulate the cluster ($why)"; exit 77; }
 
 work=$(mktemp -d)
 cleanup() {
@@ -51,6 +59,13 @@ check_run() {
 case "$case_name" in
   ipv4)
     "$cluster" up 3 --rate 10gbit || fail "cluster up"
+    # Every host also has a docker bridge with the same address, listed before eth0: the automatic
+    # choice must skip it (a rank that advertised it would be dialled at another host's bridge).
+    for i in 0 1 2; do
+      ip -n "${CLUSTER_NAME}h$i" link add docker0 type bridge &&
+        ip -n "${CLUSTER_NAME}h$i" addr add 172.17.0.1/16 dev docker0 &&
+        ip -n "${CLUSTER_NAME}h$i" link set docker0 up || fail "docker0 on host $i"
+    done
     for coll in allreduce reduce_scatter allgather broadcast reduce alltoall; do
       check_run "$coll, 3 hosts x 2 ranks" 6 "$cluster" run --ranks-per-host 2 --timeout 120 -- \
         "$perf" "$coll" -b 4 -e 1M -f 32 -n 2 -w 1 -d all -o all -r 5
