@@ -203,6 +203,8 @@ CommImpl::CommImpl(const Options& options) : config_(overrides_from(options)) {
     topts.comm_id = comm_id;
     topts.channels = static_cast<int>(channels);
     topts.socket_buffer = static_cast<int>(config_.size("RINGREDUCE_SOCKET_BUFFER"));
+    topts.congestion = config_.str("RINGREDUCE_SOCKET_CC");
+    if (topts.congestion == "system") topts.congestion.clear();
     topts.yield_while_spinning = oversubscribed;
     topts.spin_us = spin_us;
     topts.store_host = store_host;

@@ -197,13 +197,18 @@ void set_nonblocking(int fd) {
     throw Error(std::string("fcntl(O_NONBLOCK) failed: ") + strerror(errno));
 }
 
-void tune_data_socket(int fd, int buffer_bytes) {
+bool tune_data_socket(int fd, int buffer_bytes, const std::string& congestion) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  bool ok = true;
+  if (!congestion.empty())
+    ok = setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, congestion.data(),
+                    static_cast<socklen_t>(congestion.size())) == 0;
   if (buffer_bytes > 0) {
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buffer_bytes, sizeof buffer_bytes);
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer_bytes, sizeof buffer_bytes);
   }
+  return ok;
 }
 
 core::Fd listen_on(const SockAddr& addr, SockAddr* bound) {

@@ -38,8 +38,10 @@ core::Fd listen_on(const SockAddr& addr, SockAddr* bound);
 core::Fd connect_to(const SockAddr& addr, const core::Deadline& deadline);
 
 void set_nonblocking(int fd);
-// TCP_NODELAY (every message is latency-critical), and send/receive buffers of the given size so
-// that a whole pipeline of segments fits in flight (0 leaves the kernel's autotuning alone).
-void tune_data_socket(int fd, int buffer_bytes);
+// TCP_NODELAY (every message is latency-critical), send/receive buffers of the given size so
+// that a whole pipeline of segments fits in flight (0 leaves the kernel's autotuning alone), and
+// the congestion control (empty: the system's default). Returns false if the kernel refused the
+// congestion control (the socket keeps the default then).
+bool tune_data_socket(int fd, int buffer_bytes, const std::string& congestion);
 
 }  // namespace ringreduce::transport::tcp

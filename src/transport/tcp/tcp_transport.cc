@@ -140,6 +140,14 @@ void TcpTransport::connect_mesh(const core::Config& config, Store& store,
                             "can reach");
   }
 
+  bool congestion_warned = false;
+  auto tune = [&](int fd) {
+    if (!tune_data_socket(fd, opts_.socket_buffer, opts_.congestion) && !congestion_warned) {
+      congestion_warned = true;
+      RR_LOG(info, rank, "TCP congestion control '", opts_.congestion,
+             "' is not available here; data sockets keep the system's default");
+    }
+  };
   auto slot = [&](int peer, int ch) -> std::unique_ptr<TcpLink>& {
     return links_[static_cast<size_t>(peer) * static_cast<size_t>(channels) +
                   static_cast<size_t>(ch)];
@@ -234,7 +242,7 @@ void TcpTransport::connect_mesh(const core::Config& config, Store& store,
               rendezvous::IoResult::ok) {
             drop = true, why = "could not answer its hello";
           } else {
-            tune_data_socket(p.fd.get(), opts_.socket_buffer);
+            tune(p.fd.get());
             slot(h.rank, h.channel) =
                 std::make_unique<TcpLink>(this, h.rank, h.channel, std::move(p.fd));
             --expected;
@@ -267,7 +275,7 @@ void TcpTransport::connect_mesh(const core::Config& config, Store& store,
     if (h.magic != kHelloMagic || h.comm_id != opts_.comm_id || h.rank != o.peer ||
         h.channel != o.channel)
       throw PeerError("rank " + std::to_string(o.peer) + " answered with a wrong hello", o.peer);
-    tune_data_socket(o.fd.get(), opts_.socket_buffer);
+    tune(o.fd.get());
     slot(o.peer, o.channel) = std::make_unique<TcpLink>(this, o.peer, o.channel, std::move(o.fd));
   }
 

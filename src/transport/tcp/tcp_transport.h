@@ -29,7 +29,8 @@ struct TcpOptions {
   int nsocks = 1;
   size_t min_stripe = 64 * 1024;
   uint64_t comm_id = 0;
-  int socket_buffer = 0;  // 0: the kernel autotunes the buffers
+  int socket_buffer = 0;   // 0: the kernel autotunes the buffers
+  std::string congestion;  // TCP congestion control of data sockets; empty: the system's
   // Poll this long before sleeping in epoll_wait: a sleeping thread costs tens of µs to wake.
   int spin_us = 50;
   // Yield the core while polling: ranks outnumber cores.
