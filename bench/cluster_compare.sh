@@ -57,16 +57,8 @@ trap 'exit 143' TERM
 } >"$OUT/setup.txt"
 cat "$OUT/setup.txt" >&2
 
-# mpirun's daemons reach the other hosts through this agent, as they would through ssh.
-cat >"$work/agent" <<AGENT
-#!/bin/sh
-while [ "\${1#-}" != "\$1" ]; do shift; done
-host=\$1; shift
-case "\$host" in 10.213.77.*) i=\$(( \${host##*.} - 1 ));; *) echo "agent: unknown host \$host" >&2; exit 1;; esac
-exec ip netns exec ${CLUSTER_NAME}h\$i sh -c "\$*"
-AGENT
-chmod +x "$work/agent"
-for i in $(seq 0 $((HOSTS - 1))); do echo "10.213.77.$((i + 1)) slots=1"; done >"$work/hosts"
+# mpirun's daemons reach the other hosts through scripts/cluster's agent, as through ssh.
+"$CLUSTER" hostfile 1 >"$work/hosts"
 
 SIZES=(-b "$MIN" -e "$MAX" -f "$FACTOR")
 XF=($PEER_FLAGS)
@@ -101,7 +93,7 @@ run_lib() {  # LIB ROUND
       local extra=()
       [ "$lib" = mpiring ] && extra=(--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 4)
       run "$name" ip netns exec "${CLUSTER_NAME}h0" mpirun --allow-run-as-root -np "$HOSTS" \
-        --hostfile "$work/hosts" --mca plm_rsh_agent "$work/agent" --mca pml ob1 --mca btl tcp,self \
+        --hostfile "$work/hosts" --mca plm_rsh_agent "$CLUSTER agent" --mca pml ob1 --mca btl tcp,self \
         --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 "${extra[@]}" \
         "$PEERS/mpi_allreduce" "${SIZES[@]}" "${XF[@]}" ;;
     *) say "unknown library $lib" ;;

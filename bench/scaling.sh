@@ -6,7 +6,8 @@
 #   star   everyone sends to rank 0, which reduces and sends back (allreduce:star)
 #   bound  the ring bound 2(N-1)/N * K / B, B = the single-flow rate measured on the same cluster
 # and the star's own bound (N-1) * K / B (rank 0's link carries N-1 buffers each way).
-# Writes OUTDIR/scaling.csv and OUTDIR/scaling.md, and the plot docs/scaling.png (or -p PNG) with
+# Writes OUTDIR/scaling.csv and OUTDIR/scaling.md, the plot docs/scaling.png (or -p PNG), and
+# copies the table and the data beside the plot (docs/scaling.md, docs/scaling.csv); plotting with
 # bench/plot_scaling.py (python3-matplotlib). Each point is the mean over ITERS iterations (out of place
 # and in place are both kept; the plot uses the better of the two).
 #
@@ -22,7 +23,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     -o) OUT=$2; shift 2 ;; -N) NS=$2; shift 2 ;; -R) RATE=$2; shift 2 ;; -s) SIZE=$2; shift 2 ;;
     -n) ITERS=$2; shift 2 ;; -p) PNG=$2; shift 2 ;; -B) BUILD=$2; shift 2 ;;
-    -h | --help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
@@ -64,5 +65,16 @@ for n in $NS; do
   done
 done
 "$PY" "$ROOT/bench/plot_scaling.py" "$OUT/scaling.csv" "$PNG" "$RATE" >"$OUT/scaling.md" || exit 1
+# The table and the data go beside the plot (docs/ by default).
+DOCS=$(dirname "$PNG")
+cp "$OUT/scaling.csv" "$DOCS/scaling.csv"
+{
+  echo "# Scaling: ring vs star allreduce on the emulated cluster"
+  echo
+  echo "Made by \`bench/scaling.sh\` on $(date -u '+%Y-%m-%d %H:%M UTC'), git $(git rev-parse --short HEAD 2>/dev/null)"
+  echo "($(nproc)-core machine; scripts/cluster, tbf-shaped links). Plot: $(basename "$PNG"); data: scaling.csv."
+  echo
+  cat "$OUT/scaling.md"
+} >"$DOCS/scaling.md"
 cat "$OUT/scaling.md"
 say "done: $OUT, plot $PNG"

@@ -427,6 +427,18 @@ TEST(Comm, Ipv6DataConnections) {
             {{"RINGREDUCE_SOCKET_FAMILY", "AF_INET6"}, {"RINGREDUCE_SHM", "0"}});
 }
 
+TEST(Comm, CongestionControlThatTheKernelLacksKeepsTheDefault) {
+  // RINGREDUCE_SOCKET_CC is a preference: a name the kernel does not know is logged, not fatal.
+  for (const char* cc : {"nosuchcc", "system", "cubic"})
+    run_ranks(2,
+              [](Communicator& comm) {
+                std::vector<float> buf(1 << 16, 1.0f);
+                comm.allreduce(std::span<float>(buf), ReduceOp::sum);
+                EXPECT_EQ(buf[0], 2.0f);
+              },
+              {{"RINGREDUCE_SOCKET_CC", cc}, {"RINGREDUCE_SHM", "0"}});
+}
+
 TEST(Comm, InterfaceByName) {
   run_ranks(2,
             [](Communicator& comm) {

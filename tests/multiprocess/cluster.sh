@@ -94,17 +94,9 @@ case "$case_name" in
     "$cluster" up 2 --rate 10gbit || fail "cluster up"
     # mpirun runs on host 0 and starts its daemons on the other hosts through an "rsh agent" that
     # enters the host's namespace, as ssh would enter the host.
-    cat >"$work/agent" <<AGENT
-#!/bin/sh
-while [ "\${1#-}" != "\$1" ]; do shift; done
-host=\$1; shift
-case "\$host" in 10.213.77.*) i=\$(( \${host##*.} - 1 ));; *) echo "agent: unknown host \$host" >&2; exit 1;; esac
-exec ip netns exec ${CLUSTER_NAME}h\$i sh -c "\$*"
-AGENT
-    chmod +x "$work/agent"
-    printf '10.213.77.1 slots=2\n10.213.77.2 slots=2\n' >"$work/hosts"
+    "$cluster" hostfile 2 >"$work/hosts"
     check_run "allreduce under mpirun, 2 hosts x 2 slots" 4 timeout 120 ip netns exec "${CLUSTER_NAME}h0" \
-      mpirun --allow-run-as-root -np 4 --hostfile "$work/hosts" --mca plm_rsh_agent "$work/agent" \
+      mpirun --allow-run-as-root -np 4 --hostfile "$work/hosts" --mca plm_rsh_agent "$cluster agent" \
       --mca oob_tcp_if_include eth0 --mca btl_tcp_if_include eth0 -x RINGREDUCE_ADDR=10.213.77.1:29500 \
       "$perf" allreduce -b 4 -e 4M -f 32 -n 2 -w 1 -d all
     ;;
