@@ -146,8 +146,8 @@ TEST(Comm, MismatchedDtypeOpRootAndKindAreNamedOnEveryRank) {
          // Different lengths cut into different stripes: whatever frame meets whatever receive,
          // every rank must hear of the mismatch, not hang on a stripe that never comes.
          std::vector<float> d(1 << 20);
-         c.allreduce(d.data(), d.data(), c.rank() == 0 ? d.size() - 1000 : d.size(),
-                     DataType::f32, ReduceOp::sum);
+         c.allreduce(d.data(), d.data(), c.rank() == 0 ? d.size() - 1000 : d.size(), DataType::f32,
+                     ReduceOp::sum);
        },
        {{"RINGREDUCE_SHM", "0"}, {"RINGREDUCE_NSOCKS", "3"}}},
       {"kind",
