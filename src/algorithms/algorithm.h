@@ -115,5 +115,9 @@ void flat_barrier(Context& ctx, const Args& a);
 void direct_allreduce(Context& ctx, const Args& a);
 void hierarchical_allreduce(Context& ctx, const Args& a);
 void star_allreduce(Context& ctx, const Args& a);  // for the scaling comparison only
+void rabenseifner_allreduce(Context& ctx, const Args& a);
+void tree_allreduce(Context& ctx, const Args& a);
+void binomial_broadcast(Context& ctx, const Args& a);
+void binomial_reduce(Context& ctx, const Args& a);
 
 }  // namespace ringreduce::algorithms

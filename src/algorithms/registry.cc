@@ -39,6 +39,10 @@ const std::vector<Algorithm>& all_algorithms() {
       {"direct", Collective::allreduce, 11, direct_allreduce, /*needs_window=*/true},
       {"hierarchical", Collective::allreduce, 12, hierarchical_allreduce},
       {"star", Collective::allreduce, 13, star_allreduce},
+      {"rabenseifner", Collective::allreduce, 14, rabenseifner_allreduce},
+      {"tree", Collective::allreduce, 15, tree_allreduce},
+      {"binomial", Collective::broadcast, 16, binomial_broadcast},
+      {"binomial", Collective::reduce, 17, binomial_reduce},
   };
   return kAll;
 }

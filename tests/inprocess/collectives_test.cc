@@ -98,6 +98,12 @@ TEST_P(Matrix, AllreduceRecursiveDoublingEveryDtypeOpCountPlacement) {
 TEST_P(Matrix, AllreduceStarEveryDtypeOpCountPlacement) {
   allreduce_matrix(ranks(), "star", transport());
 }
+TEST_P(Matrix, AllreduceRabenseifnerEveryDtypeOpCountPlacement) {
+  allreduce_matrix(ranks(), "rabenseifner", transport());
+}
+TEST_P(Matrix, AllreduceDoubleBinaryTreeEveryDtypeOpCountPlacement) {
+  allreduce_matrix(ranks(), "tree", transport());
+}
 
 // The window algorithms read peers' memory in place: every rank on one host, shared memory only
 // (forcing them otherwise is an error, tested in comm_test). Counts above an algorithm's limit
@@ -142,23 +148,63 @@ TEST_P(Matrix, AllreduceTinySegmentsPipeline) {
   const int n = ranks();
   Expected expected;
   // 8-byte segments: every chunk is cut into many segments, all in flight at once.
-  run_ranks(
-      n,
-      [&](Communicator& comm) {
-        for (size_t count : {static_cast<size_t>(n - 1), size_t{7}, size_t{1001}})
-          for (DataType t : all_dtypes())
-            for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max})
-              for (bool in_place : {false, true}) {
-                const size_t bytes = count * ringreduce::dtype_size(t);
-                auto in = make_input(comm.rank(), count, t, op);
-                std::vector<char> out(std::max<size_t>(1, bytes));
-                void* dst = in_place ? in.data() : out.data();
-                comm.allreduce(in.data(), dst, count, t, op);
-                ASSERT_EQ(0, std::memcmp(dst, expected.get(n, count, t, op).data(), bytes))
-                    << what("allreduce/8B segments", n, count, t, op, in_place);
-              }
-      },
-      transport({{"RINGREDUCE_SEGMENT_BYTES", "8"}, {"RINGREDUCE_ALGO", "allreduce:ring"}}));
+  for (const char* algo : {"ring", "rabenseifner", "tree"})
+    run_ranks(
+        n,
+        [&](Communicator& comm) {
+          for (size_t count : {static_cast<size_t>(n - 1), size_t{7}, size_t{1001}})
+            for (DataType t : all_dtypes())
+              for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max})
+                for (bool in_place : {false, true}) {
+                  const size_t bytes = count * ringreduce::dtype_size(t);
+                  auto in = make_input(comm.rank(), count, t, op);
+                  std::vector<char> out(std::max<size_t>(1, bytes));
+                  void* dst = in_place ? in.data() : out.data();
+                  comm.allreduce(in.data(), dst, count, t, op);
+                  ASSERT_EQ(0, std::memcmp(dst, expected.get(n, count, t, op).data(), bytes))
+                      << what((std::string("allreduce/") + algo + "/8B segments").c_str(), n, count,
+                              t, op, in_place);
+                }
+        },
+        transport({{"RINGREDUCE_SEGMENT_BYTES", "8"},
+                   {"RINGREDUCE_ALGO", std::string("allreduce:") + algo}}));
+}
+
+// The binomial trees, forced, for every dtype x op, every root, whole and in 8-byte segments.
+TEST_P(Matrix, BinomialBroadcastReduceEveryDtypeOpRoot) {
+  const int n = ranks();
+  Expected expected;
+  for (const char* seg : {"", "8"}) {
+    auto settings = transport({{"RINGREDUCE_ALGO", "broadcast:binomial,reduce:binomial"}});
+    if (*seg) settings["RINGREDUCE_SEGMENT_BYTES"] = seg;
+    run_ranks(
+        n,
+        [&](Communicator& comm) {
+          const int r = comm.rank();
+          for (size_t count : {size_t{0}, size_t{1}, static_cast<size_t>(n + 2),
+                               *seg ? size_t{1001} : (size_t{1} << 16) + 3})
+            for (DataType t : all_dtypes())
+              for (ReduceOp op : all_ops())
+                for (int root = 0; root < n; ++root) {
+                  const size_t bytes = count * ringreduce::dtype_size(t);
+                  auto in = make_input(r, count, t, op);
+                  std::vector<char> red(std::max<size_t>(1, bytes), 0x11);
+                  comm.reduce(in.data(), r == root ? red.data() : nullptr, count, t, op, root);
+                  if (r == root) {
+                    ASSERT_EQ(0,
+                              std::memcmp(red.data(), expected.get(n, count, t, op).data(), bytes))
+                        << what("reduce/binomial", n, count, t, op, false) << " root " << root;
+                  }
+                  if (op != ReduceOp::sum) continue;
+                  auto b = r == root ? make_input(root, count, t, op)
+                                     : std::vector<char>(std::max<size_t>(1, bytes), 0);
+                  comm.broadcast(b.data(), count, t, root);
+                  ASSERT_EQ(0, std::memcmp(b.data(), make_input(root, count, t, op).data(), bytes))
+                      << what("broadcast/binomial", n, count, t, op, false) << " root " << root;
+                }
+        },
+        settings);
+  }
 }
 
 TEST_P(Matrix, ReduceScatterAllgatherBroadcastReduceAlltoall) {
