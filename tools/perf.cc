@@ -52,6 +52,10 @@ struct Args {
       "  [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-n ITERS (0: adaptive)] [-w WARMUP]\n"
       "  [-c CHECK 0|1] [-d float|half|bfloat16|double|int8|uint8|int32|uint32|int64|uint64|all]\n"
       "  [-o sum|prod|min|max|avg|all] [-r ROOT] [-a ALGO] [-T SECONDS_PER_SIZE]\n"
+      "   or: ringreduce-perf --calibrate FILE\n"
+      "  measures the links and the reduce kernel at length (30 batches instead of start-up's 3)\n"
+      "  and writes them to FILE for RINGREDUCE_TUNING_FILE, replacing the line for this link\n"
+      "  kind and world size (run once per world size).\n"
       "Launch with ringrun, mpirun, srun or torchrun (see README).\n");
   std::exit(2);
 }
@@ -351,7 +355,49 @@ Result measure(Bench& b, bool in_place) {
 
 }  // namespace
 
+// --calibrate FILE: a communicator that measures its links for longer than start-up does, and
+// its costs written into FILE (other lines kept, this kind and size replaced).
+int calibrate(const std::string& path) {
+  try {
+    Options options;
+    options.settings["RINGREDUCE_TUNING_FILE"] = "";  // measure, do not read
+    options.settings["RINGREDUCE_PROBE_BATCHES"] = "30";
+    Communicator comm = Communicator::from_env(options);
+    if (comm.rank() != 0) return 0;
+    const std::string mine = comm.tuning();
+    // mine: "link KIND RANKS ALPHA BETA\ngamma G\n"; keep other kinds' and sizes' lines.
+    const std::string key = mine.substr(0, mine.find(' ', mine.find(' ', 5) + 1) + 1);
+    std::vector<std::string> keep;
+    if (FILE* in = std::fopen(path.c_str(), "r")) {
+      char line[512];
+      while (std::fgets(line, sizeof line, in)) {
+        std::string l(line);
+        if (l.rfind(key, 0) == 0 || l.rfind("gamma ", 0) == 0 || l.rfind("# ", 0) == 0) continue;
+        keep.push_back(l);
+      }
+      std::fclose(in);
+    }
+    FILE* out = std::fopen(path.c_str(), "w");
+    if (!out) {
+      std::fprintf(stderr, "ringreduce-perf: cannot write %s\n", path.c_str());
+      return 1;
+    }
+    std::fprintf(out,
+                 "# ringreduce-perf --calibrate: link KIND RANKS ALPHA_S BETA_S_PER_BYTE; "
+                 "gamma S_PER_BYTE\n");
+    for (const auto& l : keep) std::fputs(l.c_str(), out);
+    std::fputs(mine.c_str(), out);
+    std::fclose(out);
+    std::printf("%s", mine.c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ringreduce-perf: %s\n", e.what());
+    return 1;
+  }
+}
+
 int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "--calibrate") return calibrate(argv[2]);
   Args args = parse(argc, argv);
   try {
     Options options;

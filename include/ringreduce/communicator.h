@@ -67,6 +67,9 @@ class Communicator {
 
   int rank() const;
   int size() const;
+  // The link and reduction costs the tuner chooses algorithms by (measured at start-up, or from
+  // RINGREDUCE_TUNING_FILE), in that file's format: what `ringreduce-perf --calibrate` writes.
+  std::string tuning() const;
 
   // ---- untyped calls (bindings, the C API); counts are elements -------------------------------
   // Out of place unless send == recv.

@@ -13,6 +13,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -59,6 +60,8 @@ class CommImpl {
   // Waits for op; with a timeout, returns false if it has not finished by then.
   bool wait(OpState& op, std::optional<std::chrono::milliseconds> timeout);
   void abort(const std::string& reason);
+  // The tuner's link and reduction costs, in RINGREDUCE_TUNING_FILE's format.
+  std::string tuning() const;
 
   static Work make_work(std::shared_ptr<OpState> s) { return Work(std::move(s)); }
 
@@ -87,11 +90,18 @@ class CommImpl {
   // in the ring on another host) and tells the tuner; every rank reads the same result from the
   // store, so every rank's tuner decides alike.
   void probe_network(const std::vector<std::string>& hosts, const core::Deadline& deadline);
+  // One host: measures the links every rank uses at once (a shift around the ring) and the
+  // reduce kernel, and tells the tuner; rank 0's numbers go around the ring so that every rank's
+  // tuner decides alike. RINGREDUCE_TUNING_FILE (read on rank 0) replaces the measurement.
+  void probe_links(const core::Deadline& deadline);
+  // The costs RINGREDUCE_TUNING_FILE gives for this communicator's link kind and size, if any.
+  std::optional<tuner::Costs> tuning_file_costs(const std::string& kind) const;
 
   core::Config config_;
   int rank_ = 0;
   int size_ = 1;
   std::string link_kind_;  // "shm" or "tcp": what this communicator's links are
+  std::string cost_kind_;  // the link kind the tuner's costs describe ("net" across hosts)
   std::chrono::milliseconds timeout_{300000};
   std::unique_ptr<rendezvous::TcpStoreServer> store_server_;
   std::shared_ptr<Store> store_;

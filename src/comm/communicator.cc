@@ -60,6 +60,9 @@ int Communicator::rank() const {
 int Communicator::size() const {
   return impl_->size();
 }
+std::string Communicator::tuning() const {
+  return impl_->tuning();
+}
 void Communicator::abort(const std::string& reason) {
   impl_->abort(reason);
 }

@@ -27,6 +27,12 @@ const std::vector<SettingInfo>& all_settings() {
       {"RINGREDUCE_SOCKET_FAMILY", "", "AF_INET or AF_INET6 to force an address family"},
       {"RINGREDUCE_SOCKET_BUFFER", "0",
        "SO_SNDBUF/SO_RCVBUF of data sockets; 0 leaves them to the kernel's autotuning"},
+      {"RINGREDUCE_TUNING_FILE", "",
+       "link and reduction costs for the tuner, as written by ringreduce-perf --calibrate (read on "
+       "rank 0; default: measured at start-up)"},
+      {"RINGREDUCE_PROBE_BATCHES", "3",
+       "batches of the start-up link measurement; the best counts (ringreduce-perf --calibrate "
+       "takes 30)"},
       {"RINGREDUCE_SOCKET_CC", "cubic",
        "TCP congestion control of data sockets (system: the kernel's default); cubic kept 1 Gbit/s "
        "links at 99-100% where bbr's probing cost 2-4% on long ring transfers"},

@@ -1,6 +1,8 @@
 #include "tuner/tuner.h"
 
 #include <algorithm>
+#include <bit>
+#include <limits>
 #include <sstream>
 
 #include "reduce/reduce.h"
@@ -13,35 +15,11 @@ using algorithms::Collective;
 
 namespace {
 
-// Largest allreduce that recursive doubling takes. Measured on loopback TCP at N=2 and 4
-// (docs/PERFORMANCE.md): rd wins up to 512 KiB (N=4: 421 us against the ring's 582 us), the ring
-// from 1 MiB (1.1 ms against 1.5 ms).
-constexpr size_t kRecursiveDoublingMaxBytes = 512 << 10;
 constexpr size_t kSegmentBytes = 512 << 10;
-// Smallest allreduce the hierarchical algorithm takes on several hosts: below, recursive doubling
-// (up to 512 KiB) and the ring's pipelining are as good and it only adds two waits.
+// Smallest allreduce the hierarchical algorithm takes on several hosts: below, the one-level
+// algorithms' pipelining is as good and it only adds two waits. (Not modelled: it runs two
+// kinds of links at once; the threshold is from the emulated hosts, docs/PERFORMANCE.md.)
 constexpr size_t kHierarchicalMinBytes = 1 << 20;
-// Allreduce on one host, from two sweeps of forced algorithms (median us of 3 interleaved rounds,
-// in place; docs/PERFORMANCE.md, "Algorithm choice on one host"):
-//   flat / rd / ring         N=2  8K 1.6/1.5/1.5  16K 3.4/3.2/2.9
-//                            N=4  4K 4.8/9.4/10.9 8K 14.0/14.4/13.1
-//                            N=8  16K 27/32/65    64K 76/76/117    128K -/170/192
-//   flat / direct / ring     N=2  16K 3.1/3.1/4.8 32K 6.3/6.4/6.1  256K -/36.9/30.1
-//                            N=4  8K 7.6/8.2/13.3 32K 19/15/23     256K -/50/81  1M -/175/197
-//                                 2M -/432/421
-//                            N=8  16K 35/58/140   32K 107/36/207   64K 284/141/137
-//                                 128K -/258/194
-// So: flat up to 8 KiB (N <= 4) or 16 KiB; direct above that up to 1 MiB at N = 3..4 and up to
-// 64 KiB beyond (not at N=2, where the ring ties it); the ring above. Recursive doubling never
-// wins by more than noise on shared memory and loses up to 7x from 128 KiB at N=4 (whole-buffer
-// exchanges queue behind 4-slot FIFOs), so shared memory skips it.
-size_t flat_allreduce_max_bytes(int world_size) {
-  return world_size <= 4 ? size_t{8} << 10 : size_t{16} << 10;
-}
-size_t direct_allreduce_max_bytes(int world_size) {
-  if (world_size <= 2) return 0;
-  return world_size <= 4 ? size_t{1} << 20 : size_t{64} << 10;
-}
 // Shared memory: one FIFO slot per message. Interleaved medians of 3 rounds at N=2, 4, 8 and
 // 1-256 MiB (docs/PERFORMANCE.md): 4 slots of 256 KiB with 256 KiB messages were best or within
 // noise of the best everywhere; 512 KiB messages (two slots each) lost 5-20% at N=4 and 8, and
@@ -105,7 +83,12 @@ Tuner::Tuner(const core::Config& config, int world_size, int transport_channels,
                               ":" + a->name +
                               " reads peers' memory directly and needs every rank on one host "
                               "(with shared memory enabled)");
+  costs_ = default_costs(shared_memory_ ? "shm" : "tcp");
   rd_ = algorithms::find_algorithm(Collective::allreduce, "rd");
+  rabenseifner_ = algorithms::find_algorithm(Collective::allreduce, "rabenseifner");
+  tree_ = algorithms::find_algorithm(Collective::allreduce, "tree");
+  binomial_broadcast_ = algorithms::find_algorithm(Collective::broadcast, "binomial");
+  binomial_reduce_ = algorithms::find_algorithm(Collective::reduce, "binomial");
   flat_allreduce_ = algorithms::find_algorithm(Collective::allreduce, "flat");
   flat_barrier_ = algorithms::find_algorithm(Collective::barrier, "flat");
   hierarchical_ = algorithms::find_algorithm(Collective::allreduce, "hierarchical");
@@ -116,6 +99,105 @@ Tuner::Tuner(const core::Config& config, int world_size, int transport_channels,
         first_[c] = &a;
         break;
       }
+  tree_depth_ = tree_depth(size_);
+  tabulate();
+}
+
+Costs Tuner::default_costs(const std::string& link_kind) {
+  // Measured by the start-up probe on this project's 2-core VM (docs/TUNING.md), N=4.
+  Costs c;
+  c.gamma = 1.0 / 8e9;
+  if (link_kind == "shm") {
+    c.link = {2e-6, 1.0 / 8e9, false};
+  } else if (link_kind == "net") {
+    c.link = {50e-6, 1.0 / 1e9, true};
+  } else {
+    c.link = {20e-6, 1.0 / 2e9, false};
+  }
+  return c;
+}
+
+double Tuner::predict(const algorithms::Algorithm& algorithm, Collective kind, size_t bytes) const {
+  const double k = static_cast<double>(bytes);
+  const int n = size_;
+  const auto* a = &algorithm;
+  const double seg = static_cast<double>(choose_segment(algorithm, kind, bytes));
+  switch (kind) {
+    case Collective::allreduce:
+      if (a == first_.at(Collective::allreduce)) return ring_allreduce_cost(costs_, n, k);
+      if (a == rd_) return rd_allreduce_cost(costs_, n, k);
+      if (a == rabenseifner_) return rabenseifner_allreduce_cost(costs_, n, k);
+      if (a == tree_) return tree_allreduce_cost(costs_, n, tree_depth_, k, seg);
+      if (a == flat_allreduce_) return flat_allreduce_cost(costs_, n, k);
+      if (a == direct_) return direct_allreduce_cost(costs_, n, k);
+      break;
+    case Collective::broadcast:
+      if (a == first_.at(Collective::broadcast)) return chain_broadcast_cost(costs_, n, k, seg);
+      if (a == binomial_broadcast_) return binomial_broadcast_cost(costs_, n, k);
+      break;
+    case Collective::reduce:
+      if (a == first_.at(Collective::reduce)) return chain_reduce_cost(costs_, n, k, seg);
+      if (a == binomial_reduce_) return binomial_reduce_cost(costs_, n, k);
+      break;
+    default:
+      break;
+  }
+  return std::numeric_limits<double>::infinity();
+}
+
+std::vector<const algorithms::Algorithm*> Tuner::candidates(Collective kind) const {
+  switch (kind) {
+    case Collective::allreduce:
+      // One host: flat and direct read the peers' inputs in place (flat_allreduce.cc,
+      // direct_allreduce.cc) and compete with the rest on their modelled cost.
+      // On a tie the earlier wins: the window algorithms first (one step of theirs is a stamp
+      // and a cache line, where a message step also passes a FIFO slot's bookkeeping).
+      if (shared_memory_)
+        return {flat_allreduce_, direct_, rd_, first_.at(kind), rabenseifner_, tree_};
+      return {rd_, first_.at(kind), rabenseifner_, tree_};
+    case Collective::broadcast:
+      return {first_.at(kind), binomial_broadcast_};
+    case Collective::reduce:
+      return {first_.at(kind), binomial_reduce_};
+    default:
+      return {};
+  }
+}
+
+const algorithms::Algorithm* Tuner::cheapest(Collective kind, size_t bytes) const {
+  const algorithms::Algorithm* best = nullptr;
+  double best_t = std::numeric_limits<double>::infinity();
+  for (const auto* a : candidates(kind)) {
+    if (a == nullptr || bytes > a->max_bytes) continue;
+    const double t = predict(*a, kind, bytes);
+    // Ties keep the earlier candidate (the ring first).
+    if (best == nullptr || t < best_t) best = a, best_t = t;
+  }
+  return best;
+}
+
+size_t Tuner::size_class(size_t bytes) {
+  if (bytes < 4) return bytes;
+  const int e = std::bit_width(bytes) - 1;  // 2^e <= bytes < 2^(e+1), e >= 2
+  return 4 * static_cast<size_t>(e) + ((bytes >> (e - 2)) & 3);
+}
+
+size_t Tuner::class_bytes(size_t cls) {
+  if (cls < 4) return cls;
+  const size_t e = cls / 4;
+  return (4 + cls % 4) << (e - 2);
+}
+
+void Tuner::tabulate() {
+  const Collective kinds[3] = {Collective::allreduce, Collective::broadcast, Collective::reduce};
+  for (size_t i = 0; i < 3; ++i)
+    for (size_t cls = 0; cls < kClasses; ++cls)
+      choice_[i][cls] = cheapest(kinds[i], class_bytes(cls));
+}
+
+void Tuner::set_costs(const Costs& costs) {
+  costs_ = costs;
+  tabulate();
 }
 
 const algorithms::Algorithm* Tuner::pick(const algorithms::Args& args) const {
@@ -123,64 +205,64 @@ const algorithms::Algorithm* Tuner::pick(const algorithms::Args& args) const {
   if (auto it = forced_.find(args.kind); it != forced_.end())
     for (const auto* a : it->second)
       if (bytes <= a->max_bytes) return a;
-  if (args.kind == Collective::allreduce && size_ > 1) {
-    // One host: every rank reads every peer's input in place, one step (flat_allreduce.cc).
-    if (shared_memory_) {
-      if (bytes <= flat_allreduce_max_bytes(size_) && bytes <= flat_allreduce_->max_bytes)
-        return flat_allreduce_;
-      // Two synchronisations per round instead of 2(N-1) hops (direct_allreduce.cc).
-      if (bytes <= direct_allreduce_max_bytes(size_)) return direct_;
-      return first_.at(Collective::allreduce);
-    }
-    // Small buffers: lg N simultaneous exchanges beat the ring's 2(N-1) sequential steps when
-    // latency dominates (at N=2: one exchange against two hops).
-    if (bytes <= kRecursiveDoublingMaxBytes && rd_beats_ring(bytes)) return rd_;
-    // Several hosts with L >= 2 ranks each: two levels (hierarchical_allreduce.cc) cross the
-    // network with the ring's bytes per host but over L connections at once, in 2(L-1)+2(H-1)
-    // steps instead of 2(N-1). Emulated hosts on this 2-core machine (TCP loopback between
-    // them) could not tell the two apart within their noise (docs/PERFORMANCE.md); the choice
-    // rests on that count and is for the emulated cluster (issue 4) to confirm or move.
-    if (host_size_ >= 2 && host_size_ < size_ && bytes >= kHierarchicalMinBytes)
-      return hierarchical_;
+  if (size_ <= 1) return first_.at(args.kind);
+  int table = -1;
+  switch (args.kind) {
+    case Collective::allreduce:
+      // Several hosts with L >= 2 ranks each: two levels (hierarchical_allreduce.cc) cross the
+      // network with the ring's bytes per host but over L connections at once.
+      if (host_size_ >= 2 && host_size_ < size_ && bytes >= kHierarchicalMinBytes)
+        return hierarchical_;
+      table = 0;
+      break;
+    case Collective::broadcast:
+      table = 1;
+      break;
+    case Collective::reduce:
+      table = 2;
+      break;
+    case Collective::barrier:
+      return shared_memory_ ? flat_barrier_ : first_.at(args.kind);
+    default:
+      return first_.at(args.kind);
   }
-  if (args.kind == Collective::barrier && shared_memory_) return flat_barrier_;
-  return first_.at(args.kind);
+  const auto* a = choice_[static_cast<size_t>(table)][size_class(bytes)];
+  // A class's choice was made at its smallest size; one with a size limit inside the class (flat)
+  // is checked against the call's own size.
+  return bytes <= a->max_bytes ? a : cheapest(args.kind, bytes);
 }
 
-// Recursive doubling against the ring, for an allreduce of `bytes` over the measured network.
-// Each step costs the larger of the message latency and the transfer (measured on the emulated
-// cluster, 4 hosts, forced algorithms, docs/PERFORMANCE.md: at 1 Gbit/s the ring's 64 KiB took
-// 6 x 138 us, its bandwidth term alone, and rd's 2 x 551 us; at 16 KiB the ring's steps cost their
-// ~70 us latency, 6 x 71 us): rd takes lg N whole-buffer steps (two more when N is not a power of
-// two, folding), the ring 2(N-1) steps of a 1/N chunk. At N=4 the crossover is 3 x latency x
-// bandwidth: ~25 KiB at 1 Gbit/s, ~280 KiB at 10 Gbit/s, as measured. Without a measurement (one
-// host) rd is taken up to kRecursiveDoublingMaxBytes, measured on loopback.
-bool Tuner::rd_beats_ring(size_t bytes) const {
-  if (net_bandwidth_ <= 0) return true;
-  int lg = 0;
-  while ((2 << lg) <= size_) ++lg;
-  const int rd_steps = lg + ((1 << lg) == size_ ? 0 : 2);
-  const double k = static_cast<double>(bytes), n = size_;
-  const double rd = rd_steps * std::max(net_alpha_, k / net_bandwidth_);
-  const double ring = 2 * (n - 1) * std::max(net_alpha_, k / (n * net_bandwidth_));
-  return rd <= ring;
+size_t Tuner::choose_segment(const algorithms::Algorithm& algorithm, Collective kind,
+                             size_t bytes) const {
+  if (forced_segment_ > 0) return forced_segment_;
+  // 512 KiB segments; a step smaller than that is one segment. On loopback TCP every segment
+  // costs a frame, a wake-up and a syscall or two, and cutting 1-8 MiB allreduces into quarter
+  // steps (64-256 KiB) lost 10-45% against whole 512 KiB segments (docs/PERFORMANCE.md); above,
+  // 512 KiB pipelines as well as 2 MiB. Shared memory: one FIFO slot per message.
+  // The tree's segment trades its pipeline's fill against per-segment latency (cost_model.h).
+  // The chains and binomial trees (broadcast, reduce) keep a quarter of the buffer, clamped to
+  // 64-512 KiB: their latency grows with the segment.
+  switch (kind) {
+    case Collective::allreduce:
+      if (&algorithm == tree_) return tree_segment(costs_, tree_depth_, static_cast<double>(bytes));
+      [[fallthrough]];
+    case Collective::reduce_scatter:
+    case Collective::allgather:
+      return shared_memory_ ? kShmSegmentBytes : kSegmentBytes;
+    default:
+      return std::clamp<size_t>(bytes / 4, 64 << 10, kSegmentBytes);
+  }
 }
 
 Plan Tuner::choose(const algorithms::Args& args) const {
   Plan plan;
   plan.algorithm = pick(args);
-  // Bytes each rank moves per ring step.
   const size_t elem = dtype_size(args.dtype);
+  // Bytes each rank moves per ring step.
   size_t per_step = args.count * elem;
   if (args.kind == Collective::allreduce) per_step /= static_cast<size_t>(size_);
   // Channels only pay when there is enough data for every ring to stream.
   plan.channels = per_step >= (size_t{4} << 20) ? channels_ : 1;
-  // 512 KiB segments; a step smaller than that is one segment. On loopback TCP every segment
-  // costs a frame, a wake-up and a syscall or two, and cutting 1-8 MiB allreduces into quarter
-  // steps (64-256 KiB) lost 10-45% against whole 512 KiB segments (docs/PERFORMANCE.md); above,
-  // 512 KiB pipelines as well as 2 MiB.
-  // The chains (broadcast, reduce) were not measured that way: their latency grows with the
-  // segment, so they keep a quarter of the buffer, clamped to 64-512 KiB.
   const bool ring = args.kind == Collective::allreduce || args.kind == Collective::reduce_scatter ||
                     args.kind == Collective::allgather;
   // Shared memory forwards a slice the moment it arrives only if the schedule is posted slice by
@@ -193,12 +275,7 @@ Plan Tuner::choose(const algorithms::Args& args) const {
   // within noise either way, so in place keeps ordinary stores (docs/PERFORMANCE.md).
   plan.stream_output = shared_memory_ && args.send != args.recv &&
                        args.count * dtype_size(args.dtype) >= stream_min_bytes_;
-  if (forced_segment_ > 0)
-    plan.segment_bytes = forced_segment_;
-  else if (ring)
-    plan.segment_bytes = shared_memory_ ? kShmSegmentBytes : kSegmentBytes;
-  else
-    plan.segment_bytes = std::clamp<size_t>(per_step / 4, 64 << 10, kSegmentBytes);
+  plan.segment_bytes = choose_segment(*plan.algorithm, args.kind, args.count * elem);
   return plan;
 }
 

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <numeric>
+#include <thread>
 
 #include "harness.h"
 #include "rendezvous/tcp_store.h"
@@ -291,6 +292,69 @@ TEST(Comm, ForcingAWindowAlgorithmWithoutSharedMemoryIsAnError) {
     EXPECT_NE(std::string(e.what()).find("allreduce:flat"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("one host"), std::string::npos) << e.what();
   }
+}
+
+// RINGREDUCE_TUNING_FILE replaces the start-up measurement. With a message step of a whole
+// second the model must pick the fewest steps: recursive doubling's one exchange at N=2, where
+// with measured costs the ring takes 1 MiB.
+TEST(Comm, TuningFileReplacesTheMeasuredCosts) {
+  char path[] = "/tmp/rr_tuning_XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  const std::string text = "# test\nlink shm 2 1 1e-12 0\ngamma 1e-12\n";
+  ASSERT_EQ(write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+  close(fd);
+  run_ranks(2,
+            [](Communicator& comm) {
+              std::vector<float> buf(1 << 18, 1.0f);
+              auto w = comm.allreduce_async(buf.data(), buf.data(), buf.size(), DataType::f32,
+                                            ReduceOp::sum);
+              w.wait();
+              EXPECT_EQ(w.algorithm().rfind("rd ", 0), 0u) << w.algorithm();
+              EXPECT_EQ(buf[7], 2.0f);
+              EXPECT_NE(comm.tuning().find("link shm 2 1 1e-12"), std::string::npos)
+                  << comm.tuning();
+            },
+            {{"RINGREDUCE_TUNING_FILE", path}});
+  unlink(path);
+}
+
+TEST(Comm, AMalformedTuningFileFailsEveryRankNamingTheLine) {
+  char path[] = "/tmp/rr_tuning_XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  const std::string text = "link shm 2 fast\n";
+  ASSERT_EQ(write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+  close(fd);
+  // Rank 0 reads the file; rank 1 must not wait for it in vain either.
+  std::atomic<int> failed{0};
+  std::vector<std::thread> ranks;
+  auto store = ringreduce::make_memory_store();
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        ringreduce::Options o;
+        o.rank = r;
+        o.world_size = 2;
+        o.store = store;
+        o.store_prefix = "tuning_file";
+        o.timeout = std::chrono::seconds(20);
+        o.settings["RINGREDUCE_TUNING_FILE"] = path;
+        Communicator comm(o);
+        ADD_FAILURE() << "rank " << r << ": no error";
+      } catch (const ringreduce::InvalidArgument& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("rank " + std::to_string(r)), std::string::npos) << what;
+        EXPECT_NE(what.find(path), std::string::npos) << what;
+        if (r == 0) {
+          EXPECT_NE(what.find("line 1"), std::string::npos) << what;
+        }
+        ++failed;
+      }
+    });
+  for (auto& t : ranks) t.join();
+  EXPECT_EQ(failed.load(), 2);
+  unlink(path);
 }
 
 TEST(Comm, AbortFromAnotherThreadFailsPendingAndLaterOpsQuickly) {

@@ -42,6 +42,25 @@ case "$case_name" in
       echo "ok: $coll over two emulated hosts ($(grep -c '^\[0\]  ' <<<"$out") rows)"
     done
     ;;
+  calibrate)
+    # ringreduce-perf --calibrate writes the measured costs for N=2 and N=4 into one file (the
+    # second run keeps the first one's line); a run with RINGREDUCE_TUNING_FILE takes them from
+    # it instead of measuring, and a forced small-message algorithm still gives right results.
+    file=$(mktemp /tmp/rr_calib_XXXXXX)
+    trap 'cleanup; rm -f "$file"' EXIT
+    for n in 2 4; do
+      timeout 60 "$ringrun" -n "$n" -- "$perf" --calibrate "$file" || { echo "FAILED: calibrate N=$n"; exit 1; }
+    done
+    cat "$file"
+    for n in 2 4; do
+      grep -Eq "^link shm $n [0-9.e+-]+ [0-9.e+-]+ [0-9.e+-]+$" "$file" || { echo "FAILED: no line for N=$n"; exit 1; }
+    done
+    [ "$(grep -c '^gamma ' "$file")" = 1 ] || { echo "FAILED: not one gamma line"; exit 1; }
+    out=$(RINGREDUCE_TUNING_FILE=$file RINGREDUCE_DEBUG=INFO timeout 60 "$ringrun" -n 4 -- "$perf" allreduce -b 4 -e 64K -f 16 -n 3 -w 1 2>&1)
+    grep -q "from RINGREDUCE_TUNING_FILE" <<<"$out" || { echo "FAILED: file not used"; echo "$out" | tail; exit 1; }
+    grep -q "Out of bounds values : 0 OK" <<<"$out" || { echo "FAILED: wrong results"; echo "$out" | tail; exit 1; }
+    echo "ok: calibrated, and used"
+    ;;
   mismatch)
     # Repeated, half of the runs with all four ranks on one core: how fast each rank learns of the
     # mismatch then varies, and every rank must still report it (not a neighbour's closed socket).
