@@ -273,7 +273,37 @@ double measure_gamma() {
   return best / static_cast<double>(kCount * sizeof(float));
 }
 
+// Recursive doubling's steps at n ranks: lg p, and two more to fold when n is not a power of two.
+int rd_steps(int n) {
+  int lg = 0;
+  while ((2 << lg) <= n) ++lg;
+  return lg + ((1 << lg) == n ? 0 : 2);
+}
+
 }  // namespace
+
+double CommImpl::time_probe_allreduce(algorithms::RunFn fn, float* buf, size_t count, int reps,
+                                      const core::Deadline& deadline) {
+  const bool shm = link_kind_ == "shm";
+  algorithms::Context ctx{*transport_,
+                          rank_,
+                          size_,
+                          deadline,
+                          shm ? size_t{256} << 10 : size_t{512} << 10,
+                          1,
+                          shm,
+                          0,
+                          [this](size_t bytes) { return scratch(bytes); },
+                          ring_.data(),
+                          ring_pos_.data(),
+                          host_size_};
+  algorithms::Args args;
+  args.send = args.recv = buf;
+  args.count = count;
+  const auto t0 = core::Clock::now();
+  for (int i = 0; i < reps; ++i) fn(ctx, args);
+  return std::chrono::duration<double>(core::Clock::now() - t0).count() / reps;
+}
 
 void CommImpl::probe_network(const std::vector<std::string>& hosts,
                              const core::Deadline& deadline) {
@@ -293,13 +323,13 @@ void CommImpl::probe_network(const std::vector<std::string>& hosts,
     const std::string plan = file ? "file" : "probe";
     store_->set("net_plan", std::vector<uint8_t>(plan.begin(), plan.end()));
   }
-  bool probe = false;
-  if (rank_ == partner) {
+  bool probe = !file;
+  if (rank_ != 0) {
     auto v = store_->get("net_plan", std::chrono::milliseconds(deadline.remaining_ms()));
     probe = std::string(v.begin(), v.end()) == "probe";
   }
   double alpha = 0, bandwidth = 0, gamma = 0;
-  if ((rank_ == 0 && !file) || probe) {
+  if (probe && (rank_ == 0 || rank_ == partner)) {
     // The all-zero tag: no user op has it (their sequence numbers start at 1), and it is what
     // the op lines of ranks that have not begun an op show, so shared-memory peers watching this
     // rank's op line see no mismatch.
@@ -335,6 +365,22 @@ void CommImpl::probe_network(const std::vector<std::string>& hosts,
     alpha = file->link.alpha;
     bandwidth = 1.0 / file->link.beta;
     gamma = file->gamma;
+  }
+  if (probe) {
+    // Then every rank: recursive doubling on 8 bytes gives the step latency as the algorithms
+    // see it with every rank stepping at once (the pair's round trips alone miss the other
+    // ranks' share of the links, and of the cores where hosts share them): alpha is the larger.
+    transport::OpTag zero;
+    zero.root = 0;
+    transport_->begin_op(zero);
+    float small[2] = {1.0f, 1.0f};
+    time_probe_allreduce(algorithms::recursive_doubling_allreduce, small, 2, 4, deadline);
+    double rd = 1e9;
+    const size_t batches = std::max<size_t>(1, config_.size("RINGREDUCE_PROBE_BATCHES"));
+    for (size_t b = 0; b < batches; ++b)
+      rd = std::min(rd, time_probe_allreduce(algorithms::recursive_doubling_allreduce, small, 2,
+                                             kProbeSmallRounds, deadline));
+    alpha = std::max(alpha, rd / rd_steps(size_));
   }
   if (rank_ == 0) {
     std::ostringstream v;
@@ -450,27 +496,9 @@ void CommImpl::probe_links(const core::Deadline& deadline) {
     // ranks outnumber cores); the ring on 1 MiB is the bandwidth term 2(N-1)/N K beta on top of
     // its 2(N-1) alphas and (N-1)/N K gammas, which gives beta.
     const double gamma = measure_gamma();
-    const bool shm = link_kind_ == "shm";
-    algorithms::Context ctx{*transport_,
-                            rank_,
-                            size_,
-                            deadline,
-                            shm ? size_t{256} << 10 : size_t{512} << 10,
-                            1,
-                            shm,
-                            0,
-                            [this](size_t bytes) { return scratch(bytes); },
-                            ring_.data(),
-                            ring_pos_.data(),
-                            host_size_};
     std::vector<float> small(2, 1.0f), bulk(kProbeBulk / sizeof(float), 1.0f);
     auto run = [&](algorithms::RunFn fn, std::vector<float>& buf, int reps) {
-      algorithms::Args args;
-      args.send = args.recv = buf.data();
-      args.count = buf.size();
-      const auto t0 = core::Clock::now();
-      for (int i = 0; i < reps; ++i) fn(ctx, args);
-      return std::chrono::duration<double>(core::Clock::now() - t0).count() / reps;
+      return time_probe_allreduce(fn, buf.data(), buf.size(), reps, deadline);
     };
     // The first runs wake every rank and touch every FIFO slot and the scratch space.
     run(algorithms::recursive_doubling_allreduce, small, 4);
@@ -485,8 +513,7 @@ void CommImpl::probe_links(const core::Deadline& deadline) {
     }
     int lg = 0;
     while ((2 << lg) <= size_) ++lg;
-    const int rd_steps = lg + ((1 << lg) == size_ ? 0 : 2);
-    const double alpha = std::max(rd / rd_steps, 1e-8);
+    const double alpha = std::max(rd / rd_steps(size_), 1e-8);
     const double n = size_, k = static_cast<double>(kProbeBulk);
     const double wire = 2 * (n - 1) / n * k;
     const double beta =

@@ -94,6 +94,10 @@ class CommImpl {
   // reduce kernel, and tells the tuner; rank 0's numbers go around the ring so that every rank's
   // tuner decides alike. RINGREDUCE_TUNING_FILE (read on rank 0) replaces the measurement.
   void probe_links(const core::Deadline& deadline);
+  // Seconds per call of an allreduce algorithm on `count` floats in place, for the probes (the
+  // op-less tag must be set).
+  double time_probe_allreduce(algorithms::RunFn fn, float* buf, size_t count, int reps,
+                              const core::Deadline& deadline);
   // The costs RINGREDUCE_TUNING_FILE gives for this communicator's link kind and size, if any.
   std::optional<tuner::Costs> tuning_file_costs(const std::string& kind) const;
 

@@ -150,10 +150,15 @@ std::vector<const algorithms::Algorithm*> Tuner::candidates(Collective kind) con
     case Collective::allreduce:
       // One host: flat and direct read the peers' inputs in place (flat_allreduce.cc,
       // direct_allreduce.cc) and compete with the rest on their modelled cost.
-      // On a tie the earlier wins: the window algorithms first (one step of theirs is a stamp
-      // and a cache line, where a message step also passes a FIFO slot's bookkeeping).
-      if (shared_memory_)
-        return {flat_allreduce_, direct_, rd_, first_.at(kind), rabenseifner_, tree_};
+      // One host over shared memory: the window algorithms and the ring. Recursive doubling,
+      // Rabenseifner and the tree were never within 10% of the best there at any size (every
+      // algorithm forced at N = 2, 4, 8, 4 B - 256 MiB: docs/algorithms_shm.md), and where the
+      // model would rank them close, its one beta misleads: from a few MiB their whole-half
+      // steps write every intermediate result to memory and read it back (Rabenseifner moves
+      // about 3.5 K bytes of DRAM per rank against the ring's 2 K, and measured 1.3-2x
+      // slower), while the ring's fused forwards stay in the caches. On a tie the earlier
+      // wins: a window step is a stamp and a cache line, a message step also a FIFO slot.
+      if (shared_memory_) return {flat_allreduce_, direct_, first_.at(kind)};
       return {rd_, first_.at(kind), rabenseifner_, tree_};
     case Collective::broadcast:
       return {first_.at(kind), binomial_broadcast_};

@@ -295,13 +295,13 @@ TEST(Comm, ForcingAWindowAlgorithmWithoutSharedMemoryIsAnError) {
 }
 
 // RINGREDUCE_TUNING_FILE replaces the start-up measurement. With a message step of a whole
-// second the model must pick the fewest steps: recursive doubling's one exchange at N=2, where
-// with measured costs the ring takes 1 MiB.
+// second the model must pick the fewest steps: recursive doubling's one exchange at N=2 over TCP,
+// where with measured costs the ring takes 1 MiB.
 TEST(Comm, TuningFileReplacesTheMeasuredCosts) {
   char path[] = "/tmp/rr_tuning_XXXXXX";
   const int fd = mkstemp(path);
   ASSERT_GE(fd, 0);
-  const std::string text = "# test\nlink shm 2 1 1e-12 0\ngamma 1e-12\n";
+  const std::string text = "# test\nlink shm 2 1e-6 1e-9 0\nlink tcp 2 1 1e-12 0\ngamma 1e-12\n";
   ASSERT_EQ(write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
   close(fd);
   run_ranks(2,
@@ -312,10 +312,10 @@ TEST(Comm, TuningFileReplacesTheMeasuredCosts) {
               w.wait();
               EXPECT_EQ(w.algorithm().rfind("rd ", 0), 0u) << w.algorithm();
               EXPECT_EQ(buf[7], 2.0f);
-              EXPECT_NE(comm.tuning().find("link shm 2 1 1e-12"), std::string::npos)
+              EXPECT_NE(comm.tuning().find("link tcp 2 1 1e-12"), std::string::npos)
                   << comm.tuning();
             },
-            {{"RINGREDUCE_TUNING_FILE", path}});
+            {{"RINGREDUCE_TUNING_FILE", path}, {"RINGREDUCE_SHM", "0"}});
   unlink(path);
 }
 
