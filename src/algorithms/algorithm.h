@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <string>
@@ -91,6 +92,15 @@ struct Algorithm {
 // Every algorithm there is.
 const std::vector<Algorithm>& all_algorithms();
 const Algorithm* find_algorithm(Collective kind, const std::string& name);
+
+// A reduction (allreduce, reduce) on one rank or of no elements: the output is the input, copied
+// when out of place. Returns whether the call was one; the algorithms start with it.
+inline bool trivial_reduction(const Context& ctx, const Args& a) {
+  if (ctx.size != 1 && a.count != 0) return false;
+  const size_t bytes = a.count * dtype_size(a.dtype);
+  if (a.recv != a.send && bytes > 0) std::memmove(a.recv, a.send, bytes);
+  return true;
+}
 
 // Calls fn(offset_elems, count_elems) for each segment of `range`, in order. Segments hold whole
 // elements, at most max(1, segment_bytes / elem) of them.

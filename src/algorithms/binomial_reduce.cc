@@ -12,15 +12,11 @@
 namespace ringreduce::algorithms {
 
 void binomial_reduce(Context& ctx, const Args& a) {
+  if (trivial_reduction(ctx, a)) return;
   const int n = ctx.size;
   const size_t elem = dtype_size(a.dtype);
   const char* in = static_cast<const char*>(a.send);
   char* out = static_cast<char*>(a.recv);
-  if (n == 1) {
-    if (in != out && a.count > 0) std::memmove(out, in, a.count * elem);
-    return;
-  }
-  if (a.count == 0) return;
   const int v = (ctx.rank - a.root + n) % n;
   auto real = [&](int vr) { return (vr + a.root) % n; };
   std::vector<int> children;

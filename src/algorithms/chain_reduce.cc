@@ -8,15 +8,11 @@
 namespace ringreduce::algorithms {
 
 void chain_reduce(Context& ctx, const Args& a) {
+  if (trivial_reduction(ctx, a)) return;
   const int n = ctx.size;
   const size_t elem = dtype_size(a.dtype);
   const char* in = static_cast<const char*>(a.send);
   char* out = static_cast<char*>(a.recv);
-  if (n == 1) {
-    if (in != out && a.count > 0) std::memmove(out, in, a.count * elem);
-    return;
-  }
-  if (a.count == 0) return;
   // Position along the chain: the rank after the root starts (0), the root ends (n-1).
   const int pos = (ctx.pos() - ctx.pos_of(a.root) - 1 + 2 * n) % n;
   transport::Reduction step{a.dtype, a.op, 1};

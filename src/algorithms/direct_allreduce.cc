@@ -94,10 +94,7 @@ void direct_allreduce(Context& ctx, const Args& a) {
   const char* in = static_cast<const char*>(a.send);
   char* out = static_cast<char*>(a.recv);
   const int n = ctx.size, r = ctx.rank;
-  if (n == 1 || a.count == 0) {
-    if (in != out && a.count > 0) std::memcpy(out, in, a.count * elem);
-    return;
-  }
+  if (trivial_reduction(ctx, a)) return;
   transport::Window& w = *ctx.transport.window();
   const size_t piece = piece_bytes(w.bytes(), n);
   if (piece == 0) return ring_allreduce(ctx, a);  // tens of thousands of ranks: no room

@@ -19,14 +19,10 @@ namespace ringreduce::algorithms {
 
 void rabenseifner_allreduce(Context& ctx, const Args& a) {
   const size_t elem = dtype_size(a.dtype);
-  const size_t bytes = a.count * elem;
   const char* in = static_cast<const char*>(a.send);
   char* out = static_cast<char*>(a.recv);
   const int n = ctx.size, r = ctx.rank;
-  if (n == 1 || bytes == 0) {
-    if (in != out && bytes > 0) std::memcpy(out, in, bytes);
-    return;
-  }
+  if (trivial_reduction(ctx, a)) return;
   int pof2 = 1;
   while (pof2 * 2 <= n) pof2 *= 2;
   const int rem = n - pof2;

@@ -18,14 +18,10 @@ namespace ringreduce::algorithms {
 
 void star_allreduce(Context& ctx, const Args& a) {
   const size_t elem = dtype_size(a.dtype);
-  const size_t bytes = a.count * elem;
   const char* in = static_cast<const char*>(a.send);
   char* out = static_cast<char*>(a.recv);
   const int n = ctx.size;
-  if (n == 1 || bytes == 0) {
-    if (in != out && bytes > 0) std::memcpy(out, in, bytes);
-    return;
-  }
+  if (trivial_reduction(ctx, a)) return;
   // Segments of whole elements; a message is one segment (links match messages one to one).
   const size_t per = ctx.segment_bytes / elem > 0 ? ctx.segment_bytes / elem : 1;
   const size_t seg_bytes = per * elem;

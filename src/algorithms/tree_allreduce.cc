@@ -26,10 +26,7 @@ void tree_allreduce(Context& ctx, const Args& a) {
   const char* in = static_cast<const char*>(a.send);
   char* out = static_cast<char*>(a.recv);
   const int n = ctx.size, r = ctx.rank;
-  if (n == 1 || a.count == 0) {
-    if (in != out && a.count > 0) std::memcpy(out, in, a.count * elem);
-    return;
-  }
+  if (trivial_reduction(ctx, a)) return;
   // Tree t's nodes, as ranks.
   TreeNode node[2] = {binary_tree(n, r), binary_tree(n, second_tree_position(n, r))};
   auto to_rank = [&](int t, int p) { return p < 0 ? -1 : t == 0 ? p : second_tree_rank(n, p); };

@@ -104,17 +104,18 @@ double direct_piece_bytes(int n) {
 }
 
 // Per round of one piece of each slice: two steps (staged, reduced). A rank copies its input
-// into its staging buffer (K beta over all rounds), reads the N-1 peers' copies of its own slice
-// and combines them ((N-1)/N K (beta + gamma)), and copies the N-1 other reduced slices out of
-// their owners' windows ((N-1)/N K beta). Each of these is one copy, but unlike flat's they
-// stream the whole buffer through memory, where the ring's fused steps keep a slice in cache
-// between its reduce and its forward: a full beta each (measured: direct falls behind the ring
-// from 1 MiB at N = 8 and from 64 MiB at N = 4; docs/TUNING.md).
+// into its staging buffer (one local copy: beta / 2, as flat's publish), reads the N-1 peers'
+// copies of its own slice and combines them, and copies the N-1 other reduced slices out of
+// their owners' windows. Those 2 (N-1)/N K bytes read from other cores cost 3/4 beta each:
+// between flat's beta / 2 (a few KiB, cache to cache) and a message's beta, because direct
+// streams the whole buffer through the window. Fitted to the forced-algorithm sweeps at N = 2, 4,
+// 8 (docs/TUNING.md): it puts direct ahead of the ring from 16 KiB to about 1 MiB at N = 4 and 8
+// and level with it at N = 2, as measured, and behind it from a few MiB.
 double direct_allreduce_cost(const Costs& c, int n, double k) {
   if (n <= 1) return 0;
   const double rounds = std::max(1.0, std::ceil(k / n / direct_piece_bytes(n)));
   const double others = (n - 1) * (k / n);
-  return 2 * rounds * c.link.alpha + k * c.link.beta + others * (2 * c.link.beta + c.gamma);
+  return 2 * rounds * c.link.alpha + k * c.link.beta / 2 + others * (1.5 * c.link.beta + c.gamma);
 }
 
 // The chain forwards each of m segments: N-1 hops to fill, m-1 more to drain.
