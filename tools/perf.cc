@@ -365,7 +365,7 @@ int calibrate(const std::string& path) {
     Communicator comm = Communicator::from_env(options);
     if (comm.rank() != 0) return 0;
     const std::string mine = comm.tuning();
-    // mine: "link KIND RANKS ALPHA BETA\ngamma G\n"; keep other kinds' and sizes' lines.
+    // mine: "link KIND RANKS ALPHA BETA PI\ngamma G\n"; keep other kinds' and sizes' lines.
     const std::string key = mine.substr(0, mine.find(' ', mine.find(' ', 5) + 1) + 1);
     std::vector<std::string> keep;
     if (FILE* in = std::fopen(path.c_str(), "r")) {
@@ -383,8 +383,8 @@ int calibrate(const std::string& path) {
       return 1;
     }
     std::fprintf(out,
-                 "# ringreduce-perf --calibrate: link KIND RANKS ALPHA_S BETA_S_PER_BYTE; "
-                 "gamma S_PER_BYTE\n");
+                 "# ringreduce-perf --calibrate: link KIND RANKS ALPHA_S BETA_S_PER_BYTE "
+                 "PI_S_PER_BYTE; gamma S_PER_BYTE\n");
     for (const auto& l : keep) std::fputs(l.c_str(), out);
     std::fputs(mine.c_str(), out);
     std::fclose(out);
