@@ -297,13 +297,24 @@ TEST(Comm, ForcingAWindowAlgorithmWithoutSharedMemoryIsAnError) {
 // RINGREDUCE_TUNING_FILE replaces the start-up measurement. With a message step of a whole
 // second the model must pick the fewest steps: recursive doubling's one exchange at N=2 over TCP,
 // where with measured costs the ring takes 1 MiB.
+// A file under /tmp holding `text`, removed when the test ends, however it ends.
+struct TempFile {
+  explicit TempFile(const std::string& text) {
+    const int fd = mkstemp(path);
+    EXPECT_GE(fd, 0) << "mkstemp";
+    if (fd < 0) return;
+    EXPECT_EQ(write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+    close(fd);
+  }
+  ~TempFile() { unlink(path); }
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+  char path[32] = "/tmp/rr_tuning_XXXXXX";
+};
+
 TEST(Comm, TuningFileReplacesTheMeasuredCosts) {
-  char path[] = "/tmp/rr_tuning_XXXXXX";
-  const int fd = mkstemp(path);
-  ASSERT_GE(fd, 0);
-  const std::string text = "# test\nlink shm 2 1e-6 1e-9 0\nlink tcp 2 1 1e-12 0\ngamma 1e-12\n";
-  ASSERT_EQ(write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
-  close(fd);
+  TempFile file("# test\nlink shm 2 1e-6 1e-9 0\nlink tcp 2 1 1e-12 0\ngamma 1e-12\n");
+  const char* path = file.path;
   run_ranks(2,
             [](Communicator& comm) {
               std::vector<float> buf(1 << 18, 1.0f);
@@ -316,16 +327,11 @@ TEST(Comm, TuningFileReplacesTheMeasuredCosts) {
                   << comm.tuning();
             },
             {{"RINGREDUCE_TUNING_FILE", path}, {"RINGREDUCE_SHM", "0"}});
-  unlink(path);
 }
 
 TEST(Comm, AMalformedTuningFileFailsEveryRankNamingTheLine) {
-  char path[] = "/tmp/rr_tuning_XXXXXX";
-  const int fd = mkstemp(path);
-  ASSERT_GE(fd, 0);
-  const std::string text = "link shm 2 fast\n";
-  ASSERT_EQ(write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
-  close(fd);
+  TempFile file("link shm 2 fast\n");
+  const char* path = file.path;
   // Rank 0 reads the file; rank 1 must not wait for it in vain either.
   std::atomic<int> failed{0};
   std::vector<std::thread> ranks;
@@ -354,7 +360,6 @@ TEST(Comm, AMalformedTuningFileFailsEveryRankNamingTheLine) {
     });
   for (auto& t : ranks) t.join();
   EXPECT_EQ(failed.load(), 2);
-  unlink(path);
 }
 
 TEST(Comm, AbortFromAnotherThreadFailsPendingAndLaterOpsQuickly) {
