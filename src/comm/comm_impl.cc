@@ -490,11 +490,11 @@ void CommImpl::probe_links(const core::Deadline& deadline) {
                           "' could not be used on rank 0 (rank 0's error says why)");
   const bool from_file = v[0] > 0;
   if (!from_file) {
-    // The probe runs two of the algorithms themselves, on the op-less zero tag: recursive
+    // The probe runs three of the algorithms themselves, on the op-less zero tag: recursive
     // doubling on 8 bytes is lg N dependent exchange steps and nothing else (alpha: the time of
     // a step as the algorithms see it, every rank stepping, scheduler rounds included where
     // ranks outnumber cores); the ring on 1 MiB is the bandwidth term 2(N-1)/N K beta on top of
-    // its 2(N-1) alphas and (N-1)/N K gammas, which gives beta.
+    // its 2(N-1) alphas and (N-1)/N K gammas, which gives beta; Rabenseifner on 1 MiB gives pi.
     const double gamma = measure_gamma();
     std::vector<float> small(2, 1.0f), bulk(kProbeBulk / sizeof(float), 1.0f);
     auto run = [&](algorithms::RunFn fn, std::vector<float>& buf, int reps) {
@@ -523,7 +523,7 @@ void CommImpl::probe_links(const core::Deadline& deadline) {
     tuner::Costs probe_costs;
     probe_costs.link = {alpha, beta, false};
     probe_costs.gamma = gamma;
-    int pof2 = 1 << lg;
+    const int pof2 = 1 << lg;
     const double stepped = 2.0 * (pof2 - 1) / pof2 * k + (pof2 == size_ ? 0 : 2 * k);
     const double pi =
         std::max(0.0, rab - tuner::rabenseifner_allreduce_cost(probe_costs, size_, k)) / stepped;
