@@ -93,6 +93,14 @@ struct Algorithm {
 const std::vector<Algorithm>& all_algorithms();
 const Algorithm* find_algorithm(Collective kind, const std::string& name);
 
+// The largest power of two <= n (n >= 1): the ranks recursive doubling and Rabenseifner run over,
+// the other n - p being folded in and out.
+inline int largest_power_of_two(int n) {
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  return p;
+}
+
 // A reduction (allreduce, reduce) on one rank or of no elements: the output is the input, copied
 // when out of place. Returns whether the call was one; the algorithms start with it.
 inline bool trivial_reduction(const Context& ctx, const Args& a) {

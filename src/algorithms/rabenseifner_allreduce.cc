@@ -23,8 +23,7 @@ void rabenseifner_allreduce(Context& ctx, const Args& a) {
   char* out = static_cast<char*>(a.recv);
   const int n = ctx.size, r = ctx.rank;
   if (trivial_reduction(ctx, a)) return;
-  int pof2 = 1;
-  while (pof2 * 2 <= n) pof2 *= 2;
+  const int pof2 = largest_power_of_two(n);
   const int rem = n - pof2;
   auto real = [&](int vr) { return vr < rem ? vr * 2 + 1 : vr + rem; };
   // First element of block b (b = pof2: the end of the buffer).

@@ -32,8 +32,7 @@ void recursive_doubling_allreduce(Context& ctx, const Args& a) {
     reduce::combine(out, out, incoming, a.count, a.dtype, a.op);
   };
 
-  int pof2 = 1;
-  while (pof2 * 2 <= n) pof2 *= 2;
+  const int pof2 = largest_power_of_two(n);
   const int rem = n - pof2;
   // Fold: ranks below 2*rem pair up (even -> odd); the rest shift down by rem.
   int vrank;

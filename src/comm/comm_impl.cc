@@ -273,13 +273,6 @@ double measure_gamma() {
   return best / static_cast<double>(kCount * sizeof(float));
 }
 
-// Recursive doubling's steps at n ranks: lg p, and two more to fold when n is not a power of two.
-int rd_steps(int n) {
-  int lg = 0;
-  while ((2 << lg) <= n) ++lg;
-  return lg + ((1 << lg) == n ? 0 : 2);
-}
-
 }  // namespace
 
 double CommImpl::time_probe_allreduce(algorithms::RunFn fn, float* buf, size_t count, int reps,
@@ -380,7 +373,7 @@ void CommImpl::probe_network(const std::vector<std::string>& hosts,
     for (size_t b = 0; b < batches; ++b)
       rd = std::min(rd, time_probe_allreduce(algorithms::recursive_doubling_allreduce, small, 2,
                                              kProbeSmallRounds, deadline));
-    alpha = std::max(alpha, rd / rd_steps(size_));
+    alpha = std::max(alpha, rd / tuner::rd_steps(size_));
   }
   if (rank_ == 0) {
     std::ostringstream v;
@@ -511,9 +504,7 @@ void CommImpl::probe_links(const core::Deadline& deadline) {
       ring = std::min(ring, run(algorithms::ring_allreduce, bulk, kProbeBulkRounds));
       rab = std::min(rab, run(algorithms::rabenseifner_allreduce, bulk, kProbeBulkRounds));
     }
-    int lg = 0;
-    while ((2 << lg) <= size_) ++lg;
-    const double alpha = std::max(rd / rd_steps(size_), 1e-8);
+    const double alpha = std::max(rd / tuner::rd_steps(size_), 1e-8);
     const double n = size_, k = static_cast<double>(kProbeBulk);
     const double wire = 2 * (n - 1) / n * k;
     const double beta =
@@ -523,7 +514,7 @@ void CommImpl::probe_links(const core::Deadline& deadline) {
     tuner::Costs probe_costs;
     probe_costs.link = {alpha, beta, false};
     probe_costs.gamma = gamma;
-    const int pof2 = 1 << lg;
+    const int pof2 = algorithms::largest_power_of_two(size_);
     const double stepped = 2.0 * (pof2 - 1) / pof2 * k + (pof2 == size_ ? 0 : 2 * k);
     const double pi =
         std::max(0.0, rab - tuner::rabenseifner_allreduce_cost(probe_costs, size_, k)) / stepped;

@@ -1,7 +1,9 @@
 #include "tuner/cost_model.h"
 
+#include <bit>
 #include <cmath>
 
+#include "algorithms/algorithm.h"
 #include "algorithms/tree_shape.h"
 
 namespace ringreduce::tuner {
@@ -11,12 +13,10 @@ namespace {
 // floor(lg n) and whether n is a power of two: the recursive algorithms run over the largest
 // power of two p <= n and fold the other n - p ranks in and out, two whole-buffer steps.
 int floor_lg(int n) {
-  int lg = 0;
-  while ((2 << lg) <= n) ++lg;
-  return lg;
+  return std::countr_zero(static_cast<unsigned>(algorithms::largest_power_of_two(n)));
 }
 bool folds(int n) {
-  return (1 << floor_lg(n)) != n;
+  return algorithms::largest_power_of_two(n) != n;
 }
 int ceil_lg(int n) {
   int lg = 0;
@@ -31,6 +31,10 @@ double ring_allreduce_cost(const Costs& c, int n, double k) {
   if (n <= 1) return 0;
   const double chunk = k / n;
   return 2.0 * (n - 1) * c.link.step(chunk) + (n - 1) * chunk * c.gamma;
+}
+
+int rd_steps(int n) {
+  return n <= 1 ? 0 : floor_lg(n) + 2 * folds(n);
 }
 
 // lg p exchanges of the whole buffer, each followed by a combine; folding adds a send and a

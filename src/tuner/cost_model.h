@@ -54,6 +54,10 @@ double binomial_reduce_cost(const Costs& c, int n, double k);
 // larger ones lengthen the pipeline's fill), a multiple of 4 KiB between 4 KiB and 1 MiB.
 size_t tree_segment(const Costs& c, int depth, double k);
 
+// Recursive doubling's steps at n ranks: lg p, and two more when it folds (n not a power of two).
+// The start-up probe divides recursive doubling's time by it to get alpha.
+int rd_steps(int n);
+
 // The depth of the deeper of the double binary tree's two trees.
 int tree_depth(int n);
 
