@@ -104,7 +104,8 @@ Tuner::Tuner(const core::Config& config, int world_size, int transport_channels,
 }
 
 Costs Tuner::default_costs(const std::string& link_kind) {
-  // Measured by the start-up probe on this project's 2-core VM (docs/TUNING.md), N=4.
+  // Round values of what the start-up probe measures on this project's 2-core VM (docs/TUNING.md);
+  // they decide only until set_costs(): a single rank, and tests of the tuner alone.
   Costs c;
   c.gamma = 1.0 / 8e9;
   if (link_kind == "shm") {
@@ -148,8 +149,6 @@ double Tuner::predict(const algorithms::Algorithm& algorithm, Collective kind, s
 std::vector<const algorithms::Algorithm*> Tuner::candidates(Collective kind) const {
   switch (kind) {
     case Collective::allreduce:
-      // One host: flat and direct read the peers' inputs in place (flat_allreduce.cc,
-      // direct_allreduce.cc) and compete with the rest on their modelled cost.
       // One host over shared memory: the window algorithms and the ring. Recursive doubling,
       // Rabenseifner and the tree were never within 10% of the best there at any size (every
       // algorithm forced at N = 2, 4, 8, 4 B - 256 MiB: docs/algorithms_shm.md), and where the
@@ -175,7 +174,7 @@ const algorithms::Algorithm* Tuner::cheapest(Collective kind, size_t bytes) cons
   for (const auto* a : candidates(kind)) {
     if (a == nullptr || bytes > a->max_bytes) continue;
     const double t = predict(*a, kind, bytes);
-    // Ties keep the earlier candidate (the ring first).
+    // Ties keep the earlier candidate (candidates() lists them in that order).
     if (best == nullptr || t < best_t) best = a, best_t = t;
   }
   return best;
