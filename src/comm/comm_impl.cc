@@ -353,7 +353,7 @@ void CommImpl::probe_network(const std::vector<std::string>& hosts,
     for (int i = 0; i < 2; ++i) bulk = std::min(bulk, round(kProbeBytes, 8));
     alpha = rtt / 2;
     bandwidth = static_cast<double>(kProbeBytes) / std::max(bulk - rtt, 1e-7);
-    gamma = measure_gamma();
+    if (rank_ == 0) gamma = measure_gamma();  // only rank 0's numbers are shared
   } else if (file) {
     alpha = file->link.alpha;
     bandwidth = 1.0 / file->link.beta;
@@ -488,7 +488,6 @@ void CommImpl::probe_links(const core::Deadline& deadline) {
     // a step as the algorithms see it, every rank stepping, scheduler rounds included where
     // ranks outnumber cores); the ring on 1 MiB is the bandwidth term 2(N-1)/N K beta on top of
     // its 2(N-1) alphas and (N-1)/N K gammas, which gives beta; Rabenseifner on 1 MiB gives pi.
-    const double gamma = measure_gamma();
     std::vector<float> small(2, 1.0f), bulk(kProbeBulk / sizeof(float), 1.0f);
     auto run = [&](algorithms::RunFn fn, std::vector<float>& buf, int reps) {
       return time_probe_allreduce(fn, buf.data(), buf.size(), reps, deadline);
@@ -504,24 +503,28 @@ void CommImpl::probe_links(const core::Deadline& deadline) {
       ring = std::min(ring, run(algorithms::ring_allreduce, bulk, kProbeBulkRounds));
       rab = std::min(rab, run(algorithms::rabenseifner_allreduce, bulk, kProbeBulkRounds));
     }
-    const double alpha = std::max(rd / tuner::rd_steps(size_), 1e-8);
-    const double n = size_, k = static_cast<double>(kProbeBulk);
-    const double wire = 2 * (n - 1) / n * k;
-    const double beta =
-        std::max(ring - 2 * (n - 1) * alpha - (n - 1) / n * k * gamma, 0.05 * ring) / wire;
-    // Rabenseifner moves the ring's bytes in fewer steps, but each step's result goes through
-    // the output before it is sent on: what it takes beyond the model without that is pi.
-    tuner::Costs probe_costs;
-    probe_costs.link = {alpha, beta, false};
-    probe_costs.gamma = gamma;
-    const int pof2 = algorithms::largest_power_of_two(size_);
-    const double stepped = 2.0 * (pof2 - 1) / pof2 * k + (pof2 == size_ ? 0 : 2 * k);
-    const double pi =
-        std::max(0.0, rab - tuner::rabenseifner_allreduce_cost(probe_costs, size_, k)) / stepped;
-    v[1] = alpha;
-    v[2] = beta;
-    v[3] = gamma;
-    v[4] = pi;
+    // Only rank 0's numbers count (they go round the ring): the others only ran.
+    if (rank_ == 0) {
+      const double gamma = measure_gamma();
+      const double alpha = std::max(rd / tuner::rd_steps(size_), 1e-8);
+      const double n = size_, k = static_cast<double>(kProbeBulk);
+      const double wire = 2 * (n - 1) / n * k;
+      const double beta =
+          std::max(ring - 2 * (n - 1) * alpha - (n - 1) / n * k * gamma, 0.05 * ring) / wire;
+      // Rabenseifner moves the ring's bytes in fewer steps, but each step's result goes through
+      // the output before it is sent on: what it takes beyond the model without that is pi.
+      tuner::Costs probe_costs;
+      probe_costs.link = {alpha, beta, false};
+      probe_costs.gamma = gamma;
+      const int pof2 = algorithms::largest_power_of_two(size_);
+      const double stepped = 2.0 * (pof2 - 1) / pof2 * k + (pof2 == size_ ? 0 : 2 * k);
+      const double pi =
+          std::max(0.0, rab - tuner::rabenseifner_allreduce_cost(probe_costs, size_, k)) / stepped;
+      v[1] = alpha;
+      v[2] = beta;
+      v[3] = gamma;
+      v[4] = pi;
+    }
     pass(v);
   }
   tuner::Costs costs = tuner::Tuner::default_costs(link_kind_);
