@@ -84,6 +84,17 @@ std::exception_ptr with_prefix(const Error& e, const std::string& prefix,
 }  // namespace
 
 CommImpl::CommImpl(const Options& options) : config_(overrides_from(options)) {
+  try {
+    init(options);
+  } catch (const Error& e) {
+    // Start-up errors name the rank like every other error (once rank_ is known).
+    const std::string prefix = "rank " + std::to_string(rank_) + ": ";
+    if (std::string_view(e.what()).starts_with(prefix)) throw;
+    std::rethrow_exception(with_prefix(e, prefix + "start-up: ", ""));
+  }
+}
+
+void CommImpl::init(const Options& options) {
   if (auto it = options.settings.find("RINGREDUCE_DEBUG"); it != options.settings.end()) {
     core::LogLevel level;
     if (core::parse_log_level(it->second, &level)) core::set_log_level(level);
@@ -129,10 +140,11 @@ CommImpl::CommImpl(const Options& options) : config_(overrides_from(options)) {
     RR_LOG(info, rank_, "launched by ", launch.launcher, " as rank ", rank_, " of ", size_,
            "; store at ", launch.store_host, ":", launch.store_port);
   }
-  if (config_.has("RINGREDUCE_TOKEN") && rank_ == 0)
-    RR_LOG(warn, rank_,
-           "RINGREDUCE_TOKEN is set but authentication is not implemented yet: connections are "
-           "NOT authenticated");
+  if (rank_ == 0)
+    RR_LOG(info, rank_,
+           config_.has("RINGREDUCE_TOKEN")
+               ? "RINGREDUCE_TOKEN is set: store and data connections prove they hold it"
+               : "RINGREDUCE_TOKEN is not set: connections are not authenticated");
   if (core::log_enabled(core::LogLevel::info) && rank_ == 0)
     RR_LOG(info, rank_, "settings:\n", config_.dump());
 
@@ -193,6 +205,7 @@ CommImpl::CommImpl(const Options& options) : config_(overrides_from(options)) {
     sopts.yield_while_spinning = oversubscribed;
     sopts.max_idle_yields = oversubscribed ? max_idle_yields : sopts.max_idle_yields;
     sopts.local_ranks = std::move(locals);
+    sopts.token = config_.str("RINGREDUCE_TOKEN");
     return std::make_unique<transport::shm::ShmTransport>(sopts, *store_, deadline);
   };
   auto make_tcp = [&](std::vector<int> peers, bool striped) {

@@ -67,6 +67,8 @@ class CommImpl {
 
  private:
   // Fills in plan and tag (all but the sequence number).
+  // Everything the constructor does; its errors get the rank's prefix there.
+  void init(const Options& options);
   void prepare(OpState& op, const algorithms::Args& args, const CallOptions& call, bool async);
   // Gives op the next sequence number (mu_ held); on a bad argument throws InvalidArgument and
   // gives the number back, so that the call is not issued at all.

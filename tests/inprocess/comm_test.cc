@@ -11,6 +11,7 @@
 #include "harness.h"
 #include "rendezvous/tcp_store.h"
 #include "ringreduce/ringreduce.h"
+#include "transport/tcp/handshake.h"
 #include "transport/tcp/socket.h"
 
 namespace rrtest {
@@ -525,7 +526,8 @@ TEST(Comm, InterfaceByName) {
 
 TEST(Comm, StrangersAtStartUpAreDroppedAndTheJobConnects) {
   // Rank 0 publishes its address; before rank 1 starts, strangers connect to it: one sends
-  // garbage, one a hello with another communicator id, one says nothing at all.
+  // garbage, one a hello with another communicator id, one says nothing at all, one poses as
+  // rank 1 without the token.
   auto store = ringreduce::make_memory_store();
   std::vector<std::exception_ptr> errors(2);
   // Rank 0 reads every rank's host identity before it listens: publish rank 1's ahead of it (the
@@ -540,7 +542,9 @@ TEST(Comm, StrangersAtStartUpAreDroppedAndTheJobConnects) {
       o.store = store;
       o.timeout = 30s;
       // The strangers knock on the TCP listener.
-      o.settings = {{"RINGREDUCE_SHM", "0"}, {"RINGREDUCE_HOST_ID", "strangers-test"}};
+      o.settings = {{"RINGREDUCE_SHM", "0"},
+                    {"RINGREDUCE_HOST_ID", "strangers-test"},
+                    {"RINGREDUCE_TOKEN", "strangers-test-token"}};
       Communicator comm(o);
       std::vector<float> buf(100, 1.0f);
       comm.allreduce(std::span<float>(buf), ReduceOp::sum);
@@ -562,6 +566,20 @@ TEST(Comm, StrangersAtStartUpAreDroppedAndTheJobConnects) {
   uint32_t hello[8] = {0x31485252, 1, 12345, 0, 1, 0, 2, 0};  // right magic, wrong communicator
   ASSERT_EQ(write(wrong.get(), hello, sizeof hello), static_cast<ssize_t>(sizeof hello));
   auto silent = ringreduce::transport::tcp::connect_to(sa, deadline);
+  // One that knows everything but the token: the right communicator, claiming rank 1, with a
+  // made-up proof. It must be dropped, and the real rank 1 must still get in.
+  auto impostor = ringreduce::transport::tcp::connect_to(sa, deadline);
+  {
+    auto id = store->get("rr/comm_id", 10s);
+    ringreduce::transport::tcp::Hello h;
+    h.comm_id = std::stoull(std::string(id.begin(), id.end()));
+    h.rank = 1;
+    h.world_size = 2;
+    h.auth = ringreduce::transport::tcp::kHelloAuthHmac;
+    std::vector<uint8_t> msg(sizeof h + ringreduce::transport::tcp::kConnectorAuthBytes, 0x5a);
+    std::memcpy(msg.data(), &h, sizeof h);
+    ASSERT_EQ(write(impostor.get(), msg.data(), msg.size()), static_cast<ssize_t>(msg.size()));
+  }
   std::thread rank1([&] {
     try {
       ringreduce::Options o;
@@ -569,7 +587,9 @@ TEST(Comm, StrangersAtStartUpAreDroppedAndTheJobConnects) {
       o.world_size = 2;
       o.store = store;
       o.timeout = 30s;
-      o.settings = {{"RINGREDUCE_SHM", "0"}, {"RINGREDUCE_HOST_ID", "strangers-test"}};
+      o.settings = {{"RINGREDUCE_SHM", "0"},
+                    {"RINGREDUCE_HOST_ID", "strangers-test"},
+                    {"RINGREDUCE_TOKEN", "strangers-test-token"}};
       Communicator comm(o);
       std::vector<float> buf(100, 1.0f);
       comm.allreduce(std::span<float>(buf), ReduceOp::sum);
@@ -581,6 +601,87 @@ TEST(Comm, StrangersAtStartUpAreDroppedAndTheJobConnects) {
   rank1.join();
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
+}
+
+TEST(Comm, TokenAuthenticatesSharedMemoryTcpAndMixedLinks) {
+  for (const auto& extra : std::vector<std::map<std::string, std::string>>{
+           {}, {{"RINGREDUCE_SHM", "0"}}, {{"TEST_HOSTS", "2"}}}) {
+    auto settings = extra;
+    settings["RINGREDUCE_TOKEN"] = "a shared secret";
+    run_ranks(
+        4,
+        [](Communicator& comm) {
+          std::vector<float> buf(100000, 1.0f);
+          comm.allreduce(std::span<float>(buf), ReduceOp::sum);
+          EXPECT_EQ(buf[0], 4.0f);
+          EXPECT_EQ(buf.back(), 4.0f);
+        },
+        settings, 30s);
+  }
+}
+
+// Starts `size` ranks, rank r with settings[r]; returns each rank's error message ("" if its
+// communicator came up) and how long each took.
+std::vector<std::string> start_ranks(
+    int size, const std::vector<std::map<std::string, std::string>>& settings,
+    std::chrono::milliseconds timeout, std::vector<double>* took) {
+  auto store = ringreduce::make_memory_store();
+  std::vector<std::string> errors(static_cast<size_t>(size));
+  took->assign(static_cast<size_t>(size), 0);
+  std::vector<std::thread> threads;
+  const auto start = Clock::now();
+  for (int r = 0; r < size; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        ringreduce::Options o;
+        o.rank = r;
+        o.world_size = size;
+        o.store = store;
+        o.timeout = timeout;
+        o.settings = settings[static_cast<size_t>(r)];
+        Communicator comm(o);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+      (*took)[static_cast<size_t>(r)] = seconds_since(start);
+    });
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+TEST(Comm, ATokenOnOneRankOnlyIsNamedAtStartUp) {
+  for (const std::string shm : {"0", "1"}) {
+    std::vector<std::map<std::string, std::string>> s(2, {{"RINGREDUCE_SHM", shm}});
+    s[1]["RINGREDUCE_TOKEN"] = "only rank 1 has it";
+    std::vector<double> took;
+    auto errors = start_ranks(2, s, 2s, &took);
+    // Rank 1 reads rank 0's published "no token" and says so at once; rank 0, left waiting,
+    // fails at its deadline.
+    EXPECT_NE(errors[1].find("RINGREDUCE_TOKEN is set here but not on rank 0"), std::string::npos)
+        << errors[1];
+    EXPECT_LT(took[1], 1.0);
+    EXPECT_FALSE(errors[0].empty());
+    EXPECT_LT(took[0], 2.0 + 1.0);
+  }
+}
+
+TEST(Comm, AWrongTokenIsDroppedLikeAStrangerAndNamedAtTheTimeout) {
+  for (const std::string shm : {"0", "1"}) {
+    std::vector<std::map<std::string, std::string>> s(
+        2, {{"RINGREDUCE_SHM", shm}, {"RINGREDUCE_TOKEN", "right"}});
+    s[1]["RINGREDUCE_TOKEN"] = "wrong";
+    std::vector<double> took;
+    auto errors = start_ranks(2, s, 2s, &took);
+    // Rank 0 drops the connection with the bad proof (failing at once would let any stranger
+    // fail the job) and names it when its deadline ends the wait.
+    EXPECT_NE(errors[0].find("timed out waiting for"), std::string::npos) << errors[0];
+    if (shm == "0") {
+      EXPECT_NE(errors[0].find("wrong proof of the token"), std::string::npos) << errors[0];
+    }
+    EXPECT_NE(errors[1].find("RINGREDUCE_TOKEN"), std::string::npos) << errors[1];
+    EXPECT_EQ(errors[1].rfind("rank 1: ", 0), 0u) << errors[1];
+    for (double t : took) EXPECT_LT(t, 2.0 + 1.0);
+  }
 }
 
 TEST(Comm, CApiReportsErrorsWithoutExceptions) {

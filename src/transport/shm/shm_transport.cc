@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "core/auth.h"
 #include "core/log.h"
 #include "ringreduce/error.h"
 #include "transport/idle_policy.h"
@@ -34,8 +35,28 @@ struct ShmHello {
   int32_t rank = -1;
   int32_t world_size = 0;
   int32_t channels = 0;
-  uint32_t reserved = 0;
+  uint32_t auth = 0;  // 1: `proof` proves the token
 };
+
+// What goes over the Unix socket: the hello and, with RINGREDUCE_TOKEN, the connector's proof of
+// it: HMAC(token, "ringreduce shm connector", hello, the acceptor's nonce). The acceptor publishes
+// a fresh nonce in the (authenticated) store before anyone may connect, so the proof needs no
+// round trip and is good for this communicator and this acceptor only; a rank is accepted once.
+// The other direction needs no proof: the connector reaches the acceptor by an abstract socket
+// name that the acceptor bound before it published that nonce, so nobody else can hold it.
+struct ShmHelloMsg {
+  ShmHello hello;
+  core::auth::Proof proof{};
+};
+static_assert(sizeof(ShmHelloMsg) == 64);
+constexpr const char* kShmProofLabel = "ringreduce shm connector";
+
+core::auth::Proof shm_proof(const std::string& token, const ShmHello& h,
+                            const core::auth::Nonce& acceptor_nonce) {
+  return core::auth::make_proof(token, kShmProofLabel,
+                                {reinterpret_cast<const uint8_t*>(&h), sizeof h}, acceptor_nonce,
+                                core::auth::Nonce{});
+}
 
 // Abstract socket address (leading NUL): it exists only while the socket is open.
 sockaddr_un socket_name(uint64_t comm_id, int rank, socklen_t* len) {
@@ -53,8 +74,8 @@ std::string errstr(const char* what) {
   return std::string(what) + ": " + strerror(errno);
 }
 
-void send_hello(int sock, const ShmHello& h, int memfd, int doorbell) {
-  iovec iov{const_cast<ShmHello*>(&h), sizeof h};
+void send_hello(int sock, const ShmHelloMsg& h, int memfd, int doorbell) {
+  iovec iov{const_cast<ShmHelloMsg*>(&h), sizeof h};
   alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
   msghdr msg{};
   msg.msg_iov = &iov;
@@ -72,7 +93,7 @@ void send_hello(int sock, const ShmHello& h, int memfd, int doorbell) {
 }
 
 // Receives a hello and its two fds; false (fds closed) on anything malformed.
-bool recv_hello(int sock, ShmHello* h, core::Fd* memfd, core::Fd* doorbell) {
+bool recv_hello(int sock, ShmHelloMsg* h, core::Fd* memfd, core::Fd* doorbell) {
   iovec iov{h, sizeof *h};
   alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))] = {};
   msghdr msg{};
@@ -180,11 +201,15 @@ ShmTransport::~ShmTransport() = default;
 
 void ShmTransport::connect_peers(Store& store, const core::Deadline& deadline) {
   const int rank = opts_.rank, size = opts_.size;
-  ShmHello mine;
+  ShmHelloMsg msg;
+  ShmHello& mine = msg.hello;
   mine.comm_id = opts_.comm_id;
   mine.rank = rank;
   mine.world_size = size;
   mine.channels = opts_.channels;
+  mine.auth = opts_.token.empty() ? 0 : 1;
+  const core::auth::Nonce nonce =
+      opts_.token.empty() ? core::auth::Nonce{} : core::auth::random_nonce();
 
   core::Fd listener(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   socklen_t len;
@@ -192,14 +217,23 @@ void ShmTransport::connect_peers(Store& store, const core::Deadline& deadline) {
   if (!listener.valid() || bind(listener.get(), reinterpret_cast<sockaddr*>(&name), len) != 0 ||
       listen(listener.get(), 128) != 0)
     throw Error(errstr("listening for shared-memory peers failed"));
-  store.set("shm/" + std::to_string(rank), {'1'});
+  const std::string published = opts_.token.empty() ? "-" : core::auth::nonce_to_hex(nonce);
+  store.set("shm/" + std::to_string(rank), {published.begin(), published.end()});
 
   // Connect to every peer and send our fds. A connect to a listening abstract socket completes
   // at once from the backlog, so no ordering of ranks can deadlock.
   const auto timeout_ms = std::chrono::milliseconds(deadline.remaining_ms());
   for (int q : local_ranks_) {
     if (q == rank) continue;
-    store.get("shm/" + std::to_string(q), timeout_ms);
+    const std::vector<uint8_t> v = store.get("shm/" + std::to_string(q), timeout_ms);
+    core::auth::Nonce theirs{};
+    const bool has_token = core::auth::nonce_from_hex(std::string(v.begin(), v.end()), &theirs);
+    if (has_token != !opts_.token.empty())
+      throw InvalidArgument("rank " + std::to_string(rank) + ": RINGREDUCE_TOKEN is set " +
+                            (has_token ? "on rank " + std::to_string(q) + " but not here"
+                                       : "here but not on rank " + std::to_string(q)) +
+                            ": every rank needs the same token");
+    if (has_token) msg.proof = shm_proof(opts_.token, mine, theirs);
     core::Fd s(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
     sockaddr_un to = socket_name(opts_.comm_id, q, &len);
     while (connect(s.get(), reinterpret_cast<sockaddr*>(&to), len) != 0) {
@@ -210,11 +244,13 @@ void ShmTransport::connect_peers(Store& store, const core::Deadline& deadline) {
                         q);
       usleep(1000);
     }
-    send_hello(s.get(), mine, memfd_.get(), doorbell_.get());
+    send_hello(s.get(), msg, memfd_.get(), doorbell_.get());
     peers_[static_cast<size_t>(q)].out_sock = std::move(s);
   }
 
-  // Accept every peer. A stranger (wrong id, rank or layout) is dropped and logged.
+  // Accept every peer. A stranger (wrong id, rank, layout or token) is dropped and logged, and the
+  // last one is named if the wait times out.
+  std::string last_drop;
   int expected = static_cast<int>(local_ranks_.size()) - 1;
   while (expected > 0) {
     if (deadline.expired()) {
@@ -222,7 +258,9 @@ void ShmTransport::connect_peers(Store& store, const core::Deadline& deadline) {
       for (int q : local_ranks_)
         if (q != rank && !peers_[static_cast<size_t>(q)].in_sock.valid())
           missing += " " + std::to_string(q);
-      throw TimeoutError("timed out waiting for same-host ranks" + missing + " to connect");
+      throw TimeoutError(
+          "timed out waiting for same-host ranks" + missing + " to connect" +
+          (last_drop.empty() ? "" : " (last connection dropped: " + last_drop + ")"));
     }
     pollfd pfd{listener.get(), POLLIN, 0};
     if (::poll(&pfd, 1, deadline.remaining_ms(100)) <= 0) continue;
@@ -231,14 +269,19 @@ void ShmTransport::connect_peers(Store& store, const core::Deadline& deadline) {
     // The peer sent its hello right after connecting; give a slow one a moment.
     pollfd in{s.get(), POLLIN, 0};
     ::poll(&in, 1, std::min(deadline.remaining_ms(), 1000));
-    ShmHello h;
+    ShmHelloMsg m;
+    const ShmHello& h = m.hello;
     core::Fd fd, bell;
     std::string why;
     struct stat st {};
-    if (!recv_hello(s.get(), &h, &fd, &bell))
+    if (!recv_hello(s.get(), &m, &fd, &bell))
       why = "no hello";
     else if (h.magic != kShmHelloMagic || h.version != kShmVersion)
       why = "bad magic or version";
+    else if (h.auth != (opts_.token.empty() ? 0u : 1u) ||
+             (!opts_.token.empty() &&
+              !core::auth::proofs_equal(shm_proof(opts_.token, h, nonce), m.proof)))
+      why = "no valid proof of the token (RINGREDUCE_TOKEN differs?)";
     else if (h.comm_id != opts_.comm_id)
       why = "belongs to another communicator";
     else if (h.world_size != size || h.channels != opts_.channels || h.rank < 0 || h.rank >= size ||
@@ -269,6 +312,7 @@ void ShmTransport::connect_peers(Store& store, const core::Deadline& deadline) {
       }
     }
     RR_LOG(warn, rank, "dropped a shared-memory connection during start-up: ", why);
+    last_drop = why;
   }
 
   for (int q : local_ranks_) {

@@ -45,6 +45,8 @@ struct ShmOptions {
   // sleeps after max_idle_yields yields in a row found nothing to do (transport/idle_policy.h).
   bool yield_while_spinning = false;
   int max_idle_yields = 8;
+  // RINGREDUCE_TOKEN: peers prove they hold it before their segments are mapped; empty: no proof.
+  std::string token;
 };
 
 // An mmap'd region, unmapped on destruction.

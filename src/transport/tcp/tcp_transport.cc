@@ -15,6 +15,7 @@
 #include "core/log.h"
 #include "rendezvous/socket_util.h"
 #include "ringreduce/error.h"
+#include "transport/tcp/handshake.h"
 
 namespace ringreduce::transport::tcp {
 namespace {
@@ -35,12 +36,11 @@ std::string local_hostname() {
 // A connection accepted during start-up whose hello has not fully arrived yet.
 struct PendingAccept {
   core::Fd fd;
-  Hello hello;
-  size_t got = 0;
+  HelloReader reader;
   core::Clock::time_point since;
 };
 
-// How long a stranger may take to send its 32-byte hello before it is dropped.
+// How long a stranger may take to send its hello before it is dropped.
 constexpr auto kHelloGrace = std::chrono::seconds(10);
 
 }  // namespace
@@ -94,15 +94,27 @@ void TcpTransport::connect_mesh(const core::Config& config, Store& store,
   const int rank = opts_.rank, size = opts_.size, channels = wires();
   SockAddr want = choose_data_address(config, opts_.store_host);
   listener_ = listen_on(want, &listen_addr_);
-  // Publish "family|numeric host|port|hostname". The listener exists before anyone can read this,
+  // With a token, connectors prove it against this nonce (handshake.h), published with the
+  // address; the store it goes through is authenticated by the same token.
+  const std::string token = config.str("RINGREDUCE_TOKEN");
+  HelloExpect expect;
+  expect.comm_id = opts_.comm_id;
+  expect.rank = rank;
+  expect.size = size;
+  expect.channels = channels;
+  expect.token = token;
+  if (!token.empty()) expect.nonce = core::auth::random_nonce();
+  // Publish "numeric host|port|hostname|nonce". The listener exists before anyone can read this,
   // so a peer's connect can only be refused by an overflowing backlog, which connect_to retries.
   std::string host = listen_addr_.str();
   host = host.substr(0, host.rfind(':'));
   store.set("addr/" + std::to_string(rank),
-            to_bytes(host + "|" + std::to_string(listen_addr_.port()) + "|" + local_hostname()));
+            to_bytes(host + "|" + std::to_string(listen_addr_.port()) + "|" + local_hostname() +
+                     "|" + (token.empty() ? "-" : core::auth::nonce_to_hex(expect.nonce))));
   RR_LOG(info, rank, "listening for data connections on ", listen_addr_.str());
 
   std::vector<SockAddr> peers(static_cast<size_t>(size));
+  std::vector<core::auth::Nonce> peer_nonces(static_cast<size_t>(size));
   const auto timeout_ms = std::chrono::milliseconds(deadline.remaining_ms());
   auto wanted = [&](int q) { return connect_[static_cast<size_t>(q)]; };
   auto remote = [&](int q) {
@@ -128,10 +140,21 @@ void TcpTransport::connect_mesh(const core::Config& config, Store& store,
     if (!wanted(q) || (q > rank && !remote(q))) continue;
     std::string v = from_bytes(store.get("addr/" + std::to_string(q), timeout_ms));
     auto a = v.find('|'), b = v.find('|', a + 1);
-    if (a == std::string::npos || b == std::string::npos ||
+    auto c = b == std::string::npos ? b : v.find('|', b + 1);
+    if (a == std::string::npos || b == std::string::npos || c == std::string::npos ||
         !parse_numeric(v.substr(0, a), std::stoi(v.substr(a + 1, b - a - 1)),
                        &peers[static_cast<size_t>(q)]))
       throw Error("rank " + std::to_string(q) + " published an unreadable address '" + v + "'");
+    const std::string nonce = v.substr(c + 1);
+    if (!token.empty() && !core::auth::nonce_from_hex(nonce, &peer_nonces[static_cast<size_t>(q)]))
+      throw InvalidArgument("rank " + std::to_string(rank) +
+                            ": RINGREDUCE_TOKEN is set here but "
+                            "not on rank " +
+                            std::to_string(q) + ": every rank needs the same token");
+    if (token.empty() && nonce != "-")
+      throw InvalidArgument("rank " + std::to_string(rank) + ": rank " + std::to_string(q) +
+                            " has RINGREDUCE_TOKEN set but this rank does not: every rank needs "
+                            "the same token");
     if (remote(q) && peers[static_cast<size_t>(q)].is_loopback())
       throw InvalidArgument("rank " + std::to_string(rank) + ": rank " + std::to_string(q) +
                             " is on another host but published the loopback address " +
@@ -167,6 +190,8 @@ void TcpTransport::connect_mesh(const core::Config& config, Store& store,
   struct Outgoing {
     int peer, channel;
     core::Fd fd;
+    Hello sent;
+    core::auth::Nonce nonce;
   };
   std::vector<Outgoing> outgoing;
   for (int q = 0; q < rank; ++q) {
@@ -174,11 +199,15 @@ void TcpTransport::connect_mesh(const core::Config& config, Store& store,
     for (int ch = 0; ch < channels; ++ch) {
       core::Fd fd = connect_to(peers[static_cast<size_t>(q)], deadline);
       Hello h = make_hello(ch);
-      if (rendezvous::send_exact(fd.get(), &h, sizeof h, deadline) != rendezvous::IoResult::ok)
+      core::auth::Nonce nonce{};
+      const std::vector<uint8_t> msg =
+          connector_hello(h, token, peer_nonces[static_cast<size_t>(q)], &nonce);
+      if (rendezvous::send_exact(fd.get(), msg.data(), msg.size(), deadline) !=
+          rendezvous::IoResult::ok)
         throw PeerError("could not send hello to rank " + std::to_string(q) + " at " +
                             peers[static_cast<size_t>(q)].str() + ": " + strerror(errno),
                         q);
-      outgoing.push_back({q, ch, std::move(fd)});
+      outgoing.push_back({q, ch, std::move(fd), h, nonce});
     }
   }
 
@@ -188,13 +217,21 @@ void TcpTransport::connect_mesh(const core::Config& config, Store& store,
   for (int q = rank + 1; q < size; ++q) expected += wanted(q) ? channels : 0;
   std::vector<PendingAccept> pending;
   set_nonblocking(listener_.get());
+  // The last connection dropped, named in the timeout: a rank whose RINGREDUCE_TOKEN differs
+  // is dropped like any stranger (failing at once would let a stranger fail the job), and this is
+  // how its operator learns why it never connected.
+  std::string last_drop;
   while (expected > 0) {
     if (deadline.expired()) {
       std::string missing;
-      for (int q = rank + 1; q < size; ++q)
-        for (int ch = 0; ch < channels; ++ch)
-          if (wanted(q) && !slot(q, ch)) missing += " " + std::to_string(q);
-      throw TimeoutError("timed out waiting for ranks" + missing + " to connect");
+      for (int q = rank + 1; q < size; ++q) {
+        bool all = true;
+        for (int ch = 0; ch < channels; ++ch) all = all && (!wanted(q) || slot(q, ch));
+        if (!all) missing += " " + std::to_string(q);
+      }
+      throw TimeoutError(
+          "timed out waiting for ranks" + missing + " to connect" +
+          (last_drop.empty() ? "" : " (last connection dropped: " + last_drop + ")"));
     }
     std::vector<pollfd> pfds;
     pfds.push_back({listener_.get(), POLLIN, 0});
@@ -205,40 +242,34 @@ void TcpTransport::connect_mesh(const core::Config& config, Store& store,
       for (int i = 0; i < 64; ++i) {
         int fd = accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) break;
-        pending.push_back({core::Fd(fd), {}, 0, core::Clock::now()});
+        pending.push_back({core::Fd(fd), HelloReader(&expect), core::Clock::now()});
       }
     }
     for (size_t i = 0; i < pending.size();) {
       PendingAccept& p = pending[i];
       bool drop = false;
       std::string why;
-      ssize_t r =
-          ::recv(p.fd.get(), reinterpret_cast<char*>(&p.hello) + p.got, sizeof(Hello) - p.got, 0);
-      if (r > 0)
-        p.got += static_cast<size_t>(r);
-      else if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+      // Only as many bytes as the hello has: anything after it is the peer's data.
+      uint8_t buf[sizeof(Hello) + kConnectorAuthBytes];
+      ssize_t r = ::recv(p.fd.get(), buf, p.reader.want(), 0);
+      if (r > 0) {
+        if (p.reader.feed(buf, static_cast<size_t>(r)) == HelloReader::State::rejected)
+          drop = true, why = p.reader.why();
+      } else if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
         drop = true, why = "closed before finishing its hello";
-      if (!drop && p.got == sizeof(Hello)) {
-        const Hello& h = p.hello;
-        if (h.magic != kHelloMagic)
-          why = "bad magic";
-        else if (h.version != kProtocolVersion)
-          why = "protocol version " + std::to_string(h.version);
-        else if (h.comm_id != opts_.comm_id)
-          why = "belongs to another communicator";
-        else if (h.world_size != size)
-          why = "world size " + std::to_string(h.world_size);
-        else if (h.rank <= rank || h.rank >= size || !wanted(h.rank))
+      }
+      if (!drop && p.reader.state() == HelloReader::State::done) {
+        const Hello& h = p.reader.hello();
+        if (!wanted(h.rank))
           why = "unexpected rank " + std::to_string(h.rank);
-        else if (h.channel < 0 || h.channel >= channels)
-          why = "bad channel";
         else if (slot(h.rank, h.channel))
           why = "duplicate connection";
         if (!why.empty()) {
           drop = true;
         } else {
-          Hello mine = make_hello(h.channel);
-          if (rendezvous::send_exact(p.fd.get(), &mine, sizeof mine, deadline) !=
+          const std::vector<uint8_t> mine =
+              acceptor_hello(p.reader, make_hello(h.channel), token, expect.nonce);
+          if (rendezvous::send_exact(p.fd.get(), mine.data(), mine.size(), deadline) !=
               rendezvous::IoResult::ok) {
             drop = true, why = "could not answer its hello";
           } else {
@@ -255,6 +286,7 @@ void TcpTransport::connect_mesh(const core::Config& config, Store& store,
         drop = true, why = "sent no hello in time";
       if (drop) {
         RR_LOG(warn, rank, "dropped a data connection during start-up: ", why);
+        last_drop = why;
         pending.erase(pending.begin() + static_cast<long>(i));
         continue;
       }
@@ -266,15 +298,18 @@ void TcpTransport::connect_mesh(const core::Config& config, Store& store,
 
   // Phase 3: every lower rank has answered by now or will shortly (it is in phase 2).
   for (auto& o : outgoing) {
-    Hello h;
-    if (auto io = rendezvous::recv_exact(o.fd.get(), &h, sizeof h, deadline);
+    uint8_t answer[sizeof(Hello) + kAcceptorAuthBytes];
+    const size_t answer_bytes = acceptor_hello_bytes(token);
+    if (auto io = rendezvous::recv_exact(o.fd.get(), answer, answer_bytes, deadline);
         io != rendezvous::IoResult::ok)
-      throw PeerError("rank " + std::to_string(o.peer) + " did not answer our hello: " +
-                          (io == rendezvous::IoResult::timeout ? "timed out" : "connection closed"),
-                      o.peer);
-    if (h.magic != kHelloMagic || h.comm_id != opts_.comm_id || h.rank != o.peer ||
-        h.channel != o.channel)
-      throw PeerError("rank " + std::to_string(o.peer) + " answered with a wrong hello", o.peer);
+      throw PeerError(
+          "rank " + std::to_string(o.peer) + " did not answer our hello: " +
+              (io == rendezvous::IoResult::timeout ? "timed out" : "connection closed") +
+              (token.empty() ? "" : " (does it have the same RINGREDUCE_TOKEN?)"),
+          o.peer);
+    const std::string bad = check_acceptor_hello(answer, answer_bytes, o.sent, o.peer, token,
+                                                 peer_nonces[static_cast<size_t>(o.peer)], o.nonce);
+    if (!bad.empty()) throw PeerError("rank " + std::to_string(o.peer) + " " + bad, o.peer);
     tune(o.fd.get());
     slot(o.peer, o.channel) = std::make_unique<TcpLink>(this, o.peer, o.channel, std::move(o.fd));
   }

@@ -13,8 +13,9 @@ inline constexpr uint32_t kFrameMagic = 0x31465252;  // "RRF1"
 inline constexpr uint32_t kProtocolVersion = 1;
 
 // First bytes on every data connection, connector -> acceptor; the acceptor answers with its own
-// Hello. A connection whose hello is wrong (magic, version, communicator, rank, channel) is a
-// stranger and is dropped without disturbing the job.
+// Hello. A connection whose hello is wrong (magic, version, communicator, rank, channel, or its
+// proof of the token) is a stranger and is dropped without disturbing the job. With a token
+// (`auth` = kHelloAuthHmac) each Hello is followed by its sender's proof (handshake.h).
 struct Hello {
   uint32_t magic = kHelloMagic;
   uint32_t version = kProtocolVersion;
@@ -22,9 +23,11 @@ struct Hello {
   int32_t rank = -1;
   int32_t world_size = 0;
   int32_t channel = 0;
-  uint32_t reserved = 0;
+  uint32_t auth = 0;  // kHelloAuthNone or kHelloAuthHmac
 };
 static_assert(sizeof(Hello) == 32);
+inline constexpr uint32_t kHelloAuthNone = 0;
+inline constexpr uint32_t kHelloAuthHmac = 1;
 
 enum FrameType : uint16_t {
   kFrameData = 1,

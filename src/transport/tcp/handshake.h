@@ -1,0 +1,97 @@
+// The start-up handshake of a TCP data connection, kept apart from the sockets so that it can be
+// unit-tested and fuzzed byte by byte.
+//
+// Without a token: the connector (the higher rank) sends its Hello; the acceptor checks it and
+// answers with its own.
+// With a token (RINGREDUCE_TOKEN), both sides prove they hold it (HMAC-SHA256, core/auth.h).
+// Every rank publishes a fresh random nonce beside its data address in the store, which is
+// itself authenticated: that nonce is the acceptor's challenge, delivered ahead of time, so the
+// handshake costs no extra round trip and start-up keeps its order (connectors never wait for an
+// acceptor before sending, so no ordering of ranks can deadlock). Then
+//   connector -> acceptor  Hello | connector nonce | HMAC(token, "ringreduce data connector",
+//                                   Hello, acceptor nonce, connector nonce)
+//   acceptor -> connector  Hello | HMAC(token, "ringreduce data acceptor", both Hellos,
+//                                   connector nonce, acceptor nonce)
+// The acceptor checks the proof before the link exists; the connector checks the answer before
+// it uses the link. A stranger without the token can neither join (its proof is wrong) nor pose
+// as a rank to a connector (it cannot answer). What is not protected: the bytes of an
+// established connection (no encryption or per-message MAC), which an attacker on the path could
+// read or alter.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/auth.h"
+#include "transport/tcp/wire.h"
+
+namespace ringreduce::transport::tcp {
+
+constexpr size_t kConnectorAuthBytes = core::auth::kNonceBytes + core::auth::kProofBytes;
+constexpr size_t kAcceptorAuthBytes = core::auth::kProofBytes;
+
+// What an acceptor expects of the hellos it reads.
+struct HelloExpect {
+  uint64_t comm_id = 0;
+  int rank = 0;  // the acceptor; connectors are the ranks above it
+  int size = 1;
+  int channels = 1;           // connections per peer
+  std::string token;          // empty: no authentication
+  core::auth::Nonce nonce{};  // the acceptor's published nonce (with a token)
+};
+
+// The acceptor's side of one connection's hello, fed bytes as they arrive. Bounded: it never
+// wants more than sizeof(Hello) + kConnectorAuthBytes in all.
+class HelloReader {
+ public:
+  enum class State { need_more, done, rejected };
+  explicit HelloReader(const HelloExpect* expect) : expect_(expect) {}
+  // How many more bytes to read: the caller reads at most this many, so nothing after the hello
+  // is taken from the socket.
+  size_t want() const;
+  // Takes n <= want() bytes.
+  State feed(const uint8_t* data, size_t n);
+  State state() const { return state_; }
+  const Hello& hello() const { return hello_; }
+  const core::auth::Nonce& peer_nonce() const { return peer_nonce_; }
+  // Why the hello was rejected, for the log.
+  const std::string& why() const { return why_; }
+
+ private:
+  State check_hello();
+  State check_proof();
+  State reject(std::string why);
+
+  const HelloExpect* expect_;
+  uint8_t buf_[sizeof(Hello) + kConnectorAuthBytes] = {};
+  size_t got_ = 0;
+  Hello hello_;
+  core::auth::Nonce peer_nonce_{};
+  State state_ = State::need_more;
+  std::string why_;
+};
+
+// What a connector sends: its Hello (auth set when token is not empty), and with a token its
+// nonce (a fresh one is stored in *own_nonce) and its proof for the acceptor's nonce.
+std::vector<uint8_t> connector_hello(Hello mine, const std::string& token,
+                                     const core::auth::Nonce& acceptor_nonce,
+                                     core::auth::Nonce* own_nonce);
+
+// What an acceptor answers to a hello its reader accepted.
+std::vector<uint8_t> acceptor_hello(const HelloReader& accepted, Hello mine,
+                                    const std::string& token, const core::auth::Nonce& own_nonce);
+
+// Bytes of the acceptor's answer.
+inline size_t acceptor_hello_bytes(const std::string& token) {
+  return sizeof(Hello) + (token.empty() ? 0 : kAcceptorAuthBytes);
+}
+
+// The connector's check of the answer: "" when it comes from `peer` on `channel` of this
+// communicator and, with a token, proves the token; else why not.
+std::string check_acceptor_hello(const uint8_t* data, size_t len, const Hello& mine, int peer,
+                                 const std::string& token, const core::auth::Nonce& acceptor_nonce,
+                                 const core::auth::Nonce& own_nonce);
+
+}  // namespace ringreduce::transport::tcp
