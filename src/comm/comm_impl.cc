@@ -106,6 +106,8 @@ void CommImpl::init(const Options& options) {
 
   std::string store_host;
   int local_size = -1;
+  // Where the stall monitor gets its own store client (TCP launches), or the store to share.
+  std::function<std::shared_ptr<Store>()> stall_store;
   if (options.store) {
     // In-process: rank and size must be given; no launcher, no TCP store.
     if (!options.rank || !options.world_size)
@@ -116,6 +118,7 @@ void CommImpl::init(const Options& options) {
       throw InvalidArgument("rank " + std::to_string(rank_) + " is outside a world of " +
                             std::to_string(size_));
     store_ = std::make_shared<PrefixStore>(options.store, options.store_prefix);
+    stall_store = [store = store_] { return store; };
     store_host = "127.0.0.1";
     local_size = size_;
   } else {
@@ -137,6 +140,13 @@ void CommImpl::init(const Options& options) {
     }
     auto tcp = rendezvous::connect_tcp_store(launch.store_host, launch.store_port, timeout_);
     store_ = std::make_shared<PrefixStore>(tcp, options.store_prefix);
+    // A client of its own with a short timeout: when the store's host is stuck, a stall report
+    // must fail fast, not hold up the communicator's destruction for RINGREDUCE_TIMEOUT.
+    stall_store = [host = launch.store_host, port = launch.store_port,
+                   prefix = options.store_prefix,
+                   t = std::min(timeout_, std::chrono::milliseconds(5000))] {
+      return std::make_shared<PrefixStore>(rendezvous::connect_tcp_store(host, port, t), prefix);
+    };
     RR_LOG(info, rank_, "launched by ", launch.launcher, " as rank ", rank_, " of ", size_,
            "; store at ", launch.store_host, ":", launch.store_port);
   }
@@ -260,6 +270,14 @@ void CommImpl::init(const Options& options) {
     probe_network(hosts, deadline);
   else if (size_ > 1)
     probe_links(deadline);
+  const double stall_s = config_.number("RINGREDUCE_STALL_WARN");
+  if (!(stall_s >= 0))
+    throw InvalidArgument("RINGREDUCE_STALL_WARN must be >= 0 seconds (0: no stall reports)");
+  if (size_ > 1 && stall_s > 0)
+    stall_ = std::make_unique<StallMonitor>(
+        rank_, size_, std::chrono::milliseconds(static_cast<int64_t>(stall_s * 1000)),
+        StallMonitor::Hooks{stall_store,
+                            [this](const transport::OpTag& t) { return describe(t); }});
   RR_LOG(info, rank_, "communicator ready: ", size_, " ranks over ", link_kind_);
 }
 
@@ -787,6 +805,7 @@ std::exception_ptr CommImpl::execute(OpState& op) {
   } else {
     // Built only when needed: a small allreduce must not pay for formatting its description.
     auto prefix = [&] { return "rank " + std::to_string(rank_) + ": " + describe(op.tag) + ": "; };
+    if (stall_) stall_->op_started(op.tag);
     try {
       transport_->begin_op(op.tag, op.plan.stream_output);
       algorithms::Context ctx{*transport_,
@@ -819,9 +838,18 @@ std::exception_ptr CommImpl::execute(OpState& op) {
         suffix = s.str();
       }
       error = with_prefix(e, prefix(), suffix);
+      if (stall_) {
+        std::ostringstream how;
+        if (e.code() == ErrorCode::timeout)
+          how << "timed out after " << static_cast<double>(op.timeout.count()) / 1000.0 << " s";
+        else
+          how << "failed (" << e.what() << ")";
+        stall_->op_failed(op.tag, e.code() == ErrorCode::timeout, how.str());
+      }
     } catch (const std::exception& e) {
       error = std::make_exception_ptr(Error(prefix() + e.what()));
     }
+    if (stall_) stall_->op_ended();
     if (error) {
       // After a failure the links are in an unknown state: fail the communicator for good, and
       // tell the peers why so that they report this cause rather than a closed connection.

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "algorithms/algorithm.h"
+#include "comm/stall_monitor.h"
 #include "core/config.h"
 #include "ringreduce/communicator.h"
 #include "ringreduce/store.h"
@@ -132,6 +133,9 @@ class CommImpl {
   std::thread progress_thread_;
   std::atomic<bool> aborted_{false};
   std::exception_ptr abort_error_;  // guarded by mu_
+  // Last: stopped first, while everything its hooks use still exists. Null with one rank or
+  // RINGREDUCE_STALL_WARN=0.
+  std::unique_ptr<StallMonitor> stall_;
 };
 
 }  // namespace ringreduce::detail

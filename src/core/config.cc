@@ -15,6 +15,9 @@ const std::vector<SettingInfo>& all_settings() {
        "rendezvous store host:port (else MASTER_ADDR:MASTER_PORT); rank 0 hosts it"},
       {"RINGREDUCE_TOKEN", "", "shared secret that authenticates store and data connections"},
       {"RINGREDUCE_TIMEOUT", "300", "seconds any wait may take before a TimeoutError"},
+      {"RINGREDUCE_STALL_WARN", "60",
+       "seconds an op may wait before a warning lists the ranks that have not reached it (again at "
+       "the timeout); 0: no stall reports"},
       {"RINGREDUCE_DEBUG", "WARN", "log level: WARN, INFO or TRACE"},
       {"RINGREDUCE_ALGO", "", "force an algorithm, e.g. ring or allreduce:ring (default: tuner)"},
       {"RINGREDUCE_SEGMENT_BYTES", "", "pipeline segment size (default: chosen by the tuner)"},

@@ -684,6 +684,50 @@ TEST(Comm, AWrongTokenIsDroppedLikeAStrangerAndNamedAtTheTimeout) {
   }
 }
 
+TEST(Comm, StallWarningNamesTheRanksThatHaveNotReachedTheOpOnceAndAgainAtTheTimeout) {
+  // Rank 2 reaches the second allreduce 1.5 s late, and never reaches the third. With
+  // RINGREDUCE_STALL_WARN=0.4 the others warn once per op that rank 2 has not reached it, and
+  // again when the third times out. Rank 2, never waiting, never warns.
+  testing::internal::CaptureStderr();
+  run_ranks(
+      3,
+      [](Communicator& comm) {
+        std::vector<float> buf(1024, 1.0f);
+        comm.allreduce(std::span<float>(buf), ReduceOp::sum);
+        if (comm.rank() == 2) std::this_thread::sleep_for(1500ms);
+        comm.allreduce(std::span<float>(buf), ReduceOp::sum);
+        EXPECT_EQ(buf[0], 9.0f);
+        if (comm.rank() == 2) {
+          std::this_thread::sleep_for(2500ms);  // past the others' deadline
+          return;
+        }
+        EXPECT_THROW(comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::f32,
+                                    ReduceOp::sum, {.timeout = 1500ms}),
+                     ringreduce::Error);
+        std::this_thread::sleep_for(300ms);  // the report at the timeout is made by the monitor
+      },
+      {{"RINGREDUCE_STALL_WARN", "0.4"}}, 30s);
+  const std::string err = testing::internal::GetCapturedStderr();
+  auto count = [&](const std::string& what) {
+    size_t n = 0;
+    for (size_t p = err.find(what); p != std::string::npos; p = err.find(what, p + 1)) ++n;
+    return n;
+  };
+  for (int r : {0, 1}) {
+    const std::string me = "rank " + std::to_string(r) + "] WARN stall: ";
+    EXPECT_EQ(count(me + "allreduce #2 (float x 1024, sum) has waited"), 1u) << err;
+    EXPECT_EQ(count(me + "allreduce #3 (float x 1024, sum) has waited"), 1u) << err;
+    // Again at the timeout: its own, or a peer's that failed this rank's wait first.
+    EXPECT_EQ(count(me + "allreduce #3 (float x 1024, sum) timed out after 1.5 s") +
+                  count(me + "allreduce #3 (float x 1024, sum) failed ("),
+              1u)
+        << err;
+  }
+  // Rank 2 came last to #2 and so never waited in it: it has never left word in the store.
+  EXPECT_EQ(count("not reached by rank 2 (rank 2 never reported a wait)"), 6u) << err;
+  EXPECT_EQ(count("rank 2] WARN stall"), 0u) << err;
+}
+
 TEST(Comm, CApiReportsErrorsWithoutExceptions) {
   // Through the C ABI, with the TCP store hosted by rank 0 as in a real job.
   ringreduce::rendezvous::TcpStoreServer probe("127.0.0.1", 0);

@@ -1,0 +1,188 @@
+#include "comm/stall_monitor.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "core/log.h"
+#include "ringreduce/error.h"
+
+namespace ringreduce::detail {
+
+using std::chrono::milliseconds;
+
+StallMonitor::StallMonitor(int rank, int size, milliseconds warn_after, Hooks hooks)
+    : rank_(rank),
+      size_(size),
+      warn_after_(warn_after),
+      // A rank must have said where it is well before anyone reports on it; a second is long for
+      // a collective that is not stuck, and rare enough that the store never notices.
+      publish_after_(std::min(milliseconds(1000), warn_after / 2)),
+      tick_(std::clamp(warn_after / 4, milliseconds(10), milliseconds(1000))),
+      hooks_(std::move(hooks)) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+StallMonitor::~StallMonitor() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void StallMonitor::op_failed(const transport::OpTag& tag, bool timed_out, std::string how) {
+  if (!timed_out && warned_seq_.load(std::memory_order_relaxed) != tag.seq) return;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    pending_failure_ = true;
+    failed_tag_ = tag;
+    failed_how_ = std::move(how);
+  }
+  cv_.notify_all();
+}
+
+transport::OpTag StallMonitor::unpack(uint64_t seq, uint64_t count, uint64_t meta) {
+  transport::OpTag t;
+  t.seq = seq;
+  t.count = count;
+  t.root = static_cast<int32_t>(static_cast<uint32_t>(meta));
+  t.kind = static_cast<uint8_t>(meta >> 32);
+  t.dtype = static_cast<uint8_t>(meta >> 40);
+  t.op = static_cast<uint8_t>(meta >> 48);
+  return t;
+}
+
+void StallMonitor::loop() {
+  uint64_t watched = 0;  // the op being timed, and for how many ticks it has been seen running
+  int64_t ticks = 0;
+  bool published = false, warned = false;
+  std::unique_lock<std::mutex> lk(mu_);
+  // Bounded: every pass waits a tick or returns on stop_.
+  while (!stop_) {
+    cv_.wait_for(lk, tick_, [&] { return stop_ || pending_failure_; });
+    if (stop_) return;
+    if (pending_failure_) {
+      pending_failure_ = false;
+      const transport::OpTag tag = failed_tag_;
+      const std::string how = failed_how_;
+      lk.unlock();
+      report(tag, how);
+      lk.lock();
+      continue;
+    }
+    // A seqlock read: the op's description is consistent if its number did not change meanwhile.
+    const uint64_t seq = seq_.load(std::memory_order_acquire);
+    const uint64_t count = count_.load(std::memory_order_relaxed);
+    const uint64_t meta = meta_.load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (seq == 0 || seq != seq_.load(std::memory_order_relaxed) || seq != watched) {
+      watched = seq;
+      ticks = 0;
+      published = warned = false;
+      continue;
+    }
+    // Seen running at two samples `ticks` apart: it has waited at least that long.
+    ++ticks;
+    const milliseconds waited = tick_ * ticks;
+    if (waited < publish_after_) continue;
+    lk.unlock();
+    if (!published) {
+      publish(seq);
+      published = true;
+    }
+    if (!warned && waited >= warn_after_) {
+      warned_seq_.store(seq, std::memory_order_relaxed);
+      std::ostringstream how;
+      how << "has waited " << static_cast<double>(waited.count()) / 1000.0 << " s";
+      report(unpack(seq, count, meta), how.str());
+      warned = true;
+    }
+    lk.lock();
+  }
+}
+
+Store* StallMonitor::store() {
+  if (store_failed_) return nullptr;
+  if (!store_) {
+    try {
+      store_ = hooks_.store();
+    } catch (const std::exception& e) {
+      store_failed_ = true;
+      RR_LOG(warn, rank_, "stall reports are unavailable: ", e.what());
+      return nullptr;
+    }
+  }
+  return store_.get();
+}
+
+void StallMonitor::publish(uint64_t seq) {
+  Store* s = store();
+  if (!s) return;
+  try {
+    const std::string v = std::to_string(seq);
+    s->set("stall/" + std::to_string(rank_), std::vector<uint8_t>(v.begin(), v.end()));
+  } catch (const std::exception& e) {
+    store_failed_ = true;
+    RR_LOG(warn, rank_, "stall reports are unavailable: ", e.what());
+  }
+}
+
+std::string StallMonitor::missing_ranks(Store& s, uint64_t seq) {
+  std::vector<int> behind;
+  std::ostringstream detail;
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_) continue;
+    const std::string key = "stall/" + std::to_string(q);
+    uint64_t at = 0;
+    if (s.check({key})) {
+      const std::vector<uint8_t> v = s.get(key, milliseconds(0));
+      try {
+        at = std::stoull(std::string(v.begin(), v.end()));
+      } catch (const std::exception&) {
+        at = 0;
+      }
+    }
+    if (at >= seq) continue;
+    behind.push_back(q);
+    if (behind.size() <= 16) {
+      detail << (behind.size() > 1 ? ", " : "") << "rank " << q;
+      if (at > 0)
+        detail << " last waited in #" << at;
+      else
+        detail << " never reported a wait";
+    }
+  }
+  if (behind.empty()) return "";
+  std::ostringstream out;
+  out << (behind.size() == 1 ? "rank " : "ranks ");
+  for (size_t i = 0; i < behind.size() && i < 64; ++i) out << (i ? ", " : "") << behind[i];
+  if (behind.size() > 64) out << ", ... (" << behind.size() << " in all)";
+  out << " (" << detail.str() << (behind.size() > 16 ? ", ..." : "") << ")";
+  return out.str();
+}
+
+void StallMonitor::report(const transport::OpTag& tag, const std::string& how) {
+  Store* s = store();
+  std::string missing;
+  if (s) {
+    try {
+      missing = missing_ranks(*s, tag.seq);
+    } catch (const std::exception& e) {
+      store_failed_ = true;
+      RR_LOG(warn, rank_, "stall reports are unavailable: ", e.what());
+      return;
+    }
+  }
+  std::ostringstream msg;
+  msg << "stall: " << hooks_.describe(tag) << " " << how << "; ";
+  if (!s)
+    msg << "the store cannot say which ranks have not reached it";
+  else if (missing.empty())
+    msg << "every rank has reached it (one of them is stuck inside it)";
+  else
+    msg << "not reached by " << missing;
+  RR_LOG(warn, rank_, msg.str());
+}
+
+}  // namespace ringreduce::detail
