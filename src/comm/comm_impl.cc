@@ -832,7 +832,9 @@ std::exception_ptr CommImpl::execute(OpState& op) {
       }
     } catch (const Error& e) {
       std::string suffix;
-      if (e.code() == ErrorCode::timeout) {
+      // A peer's timeout notice already says which deadline ran out.
+      if (e.code() == ErrorCode::timeout &&
+          std::string_view(e.what()).find(" (timeout ") == std::string_view::npos) {
         std::ostringstream s;
         s << " (timeout " << static_cast<double>(op.timeout.count()) / 1000.0 << " s)";
         suffix = s.str();

@@ -181,7 +181,7 @@ void StallMonitor::report(const transport::OpTag& tag, const std::string& how) {
   else if (missing.empty())
     msg << "every rank has reached it (one of them is stuck inside it)";
   else
-    msg << "not reached by " << missing;
+    msg << "not known to have reached it: " << missing;
   RR_LOG(warn, rank_, msg.str());
 }
 

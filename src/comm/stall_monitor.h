@@ -51,8 +51,10 @@ class StallMonitor {
   // store. `how`: "timed out after 1.5 s", "failed".
   void op_failed(const transport::OpTag& tag, bool timed_out, std::string how);
 
-  // Which ranks have not reached op `seq`, as text ("ranks 2, 5 (rank 2 last reached #811, rank 5
-  // no report)"); the store call is bounded by the store client's own timeout. Public for tests.
+  // Which ranks are not known to have reached op `seq`, as text ("ranks 2, 5 (rank 2 last waited
+  // in #811, rank 5 never reported a wait)"); each store call is bounded by the store client's
+  // own timeout. A rank stopped inside the op within its first second is listed too: it never
+  // said it got there.
   std::string missing_ranks(Store& store, uint64_t seq);
 
  private:

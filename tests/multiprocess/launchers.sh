@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Multi-process tests of real launches: every collective through ringrun at N=2 and 4 (and over
-# two emulated hosts), the mismatch error, a rank killed mid-allreduce (shm, tcp, both), and from_env under OpenMPI's mpirun and with torchrun's and Slurm's variables.
+# two emulated hosts), the mismatch error, a rank killed or stopped in the middle of every
+# collective (shm, tcp, both), and from_env under OpenMPI's mpirun and with torchrun's and Slurm's
+# variables.
 # Usage: launchers.sh CASE BUILD_DIR. Exit 77 = skipped. Every process is bounded by timeout and
 # killed by pid on exit.
 set -uo pipefail
@@ -108,29 +110,48 @@ case "$case_name" in
     rm -f /tmp/rr_launch_$$_*.log
     exit $rc
     ;;
-  killshm|killtcp|killmix)
-    # Rank 2 of 4 SIGKILLs itself mid-allreduce; the three survivors must each raise a PeerError
-    # naming it, and nothing may be left in /dev/shm. Started by hand (not ringrun, which would
-    # kill the survivors as soon as one rank dies). killmix: two emulated hosts (ranks 0 and 2 on
-    # one), so rank 0 sees the death over shared memory and ranks 1 and 3 over TCP.
-    port=$(free_port)
-    shm=1; [ "$case_name" = killtcp ] && shm=0
+  kill-shm|kill-tcp|kill-mix|stop-shm|stop-tcp|stop-mix)
+    # Rank 2 of 4 SIGKILLs or SIGSTOPs itself in the middle of every collective in turn
+    # (fault_rank.cc). Killed: every survivor raises a PeerError naming rank 2 within 2 s. Stopped:
+    # every survivor raises a TimeoutError naming the rank it waited on, the op and its number,
+    # within the timeout (2 s) + 1 s, and with RINGREDUCE_STALL_WARN=1 the stall report names rank
+    # 2. Either way each survivor destroys its communicator, has as many descriptors and threads
+    # as before it, and exits 0; /dev/shm is unchanged. Ranks are started by hand (ringrun would
+    # stop the job as soon as one rank dies); mix: two emulated hosts (ranks 0 and 2 on one), so
+    # rank 0 sees the fault over shared memory and ranks 1 and 3 over TCP.
+    mode=${case_name%-*}
+    kind=${case_name#*-}
+    shm=1; [ "$kind" = tcp ] && shm=0
     before=$(ls /dev/shm 2>/dev/null | sort)
-    for r in 0 1 2 3; do
-      host=one; [ "$case_name" = killmix ] && host=h$((r % 2))
-      env RINGREDUCE_RANK=$r RINGREDUCE_WORLD_SIZE=4 RINGREDUCE_ADDR=127.0.0.1:$port RINGREDUCE_SHM=$shm \
-        RINGREDUCE_HOST_ID=$host \
-        timeout 60 "$build/tests/multiprocess/kill_rank" 2 >"/tmp/rr_kill_$$_$r.log" 2>&1 &
-      pids+=($!)
-    done
     rc=0
-    for i in 0 1 2 3; do
-      wait "${pids[$i]}"; code=$?
-      echo "rank $i exited $code: $(grep -v WARN "/tmp/rr_kill_$$_$i.log")"
-      if [ "$i" = 2 ]; then [ $code -eq 137 ] || rc=1; continue; fi
-      [ $code -eq 0 ] && grep -q "(peer 2)" "/tmp/rr_kill_$$_$i.log" || rc=1
+    for coll in allreduce reduce_scatter allgather broadcast reduce alltoall barrier; do
+      port=$(free_port)
+      pids=()
+      for r in 0 1 2 3; do
+        host=one; [ "$kind" = mix ] && host=h$((r % 2))
+        env RINGREDUCE_RANK=$r RINGREDUCE_WORLD_SIZE=4 RINGREDUCE_ADDR=127.0.0.1:$port RINGREDUCE_SHM=$shm \
+          RINGREDUCE_HOST_ID=$host RINGREDUCE_STALL_WARN=1 \
+          timeout 60 "$build/tests/multiprocess/fault_rank" "$mode" 2 "$coll" 2 >"/tmp/rr_fault_$$_$r.log" 2>&1 &
+        pids+=($!)
+      done
+      for i in 0 1 3; do
+        wait "${pids[$i]}"; code=$?
+        grep -E "^(RESULT|CLEAN)" "/tmp/rr_fault_$$_$i.log" | sed "s/^/$mode $kind $coll: /"
+        if [ $code -ne 0 ]; then echo "FAILED: $coll: rank $i exited $code"; cat "/tmp/rr_fault_$$_$i.log"; rc=1; fi
+      done
+      if [ "$mode" = stop ]; then
+        # The stopped victim never resumes: kill it by pid. Some survivor must have named it in
+        # a stall report (it never said it reached the stuck op).
+        kill -9 "${pids[2]}" 2>/dev/null; wait "${pids[2]}" 2>/dev/null
+        if ! cat /tmp/rr_fault_$$_[013].log | grep "WARN stall: $coll #" | grep -q "rank 2"; then
+          echo "FAILED: $coll: no stall report named rank 2"; cat /tmp/rr_fault_$$_[013].log; rc=1
+        fi
+      else
+        wait "${pids[2]}"; code=$?
+        [ $code -eq 137 ] || { echo "FAILED: $coll: the victim exited $code, not by SIGKILL"; rc=1; }
+      fi
+      rm -f /tmp/rr_fault_$$_*.log
     done
-    rm -f /tmp/rr_kill_$$_*.log
     after=$(ls /dev/shm 2>/dev/null | sort)
     [ "$before" = "$after" ] || { echo "FAILED: /dev/shm changed: $(comm -13 <(echo "$before") <(echo "$after"))"; rc=1; }
     exit $rc

@@ -25,6 +25,9 @@ std::exception_ptr ShmLink::notice() const {
       "rank " + std::to_string(peer_) + " aborted: " + std::string(ctl->abort_reason, len);
   if (ctl->abort_code == static_cast<int>(ErrorCode::mismatch))
     return std::make_exception_ptr(MismatchError(msg));
+  // A peer that timed out waiting for a third rank: this rank's wait ends for the same reason.
+  if (ctl->abort_code == static_cast<int>(ErrorCode::timeout))
+    return std::make_exception_ptr(TimeoutError(msg));
   return std::make_exception_ptr(
       PeerError(msg, ctl->abort_blamed >= 0 ? ctl->abort_blamed : peer_));
 }

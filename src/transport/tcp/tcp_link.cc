@@ -379,8 +379,11 @@ void TcpLink::set_notice(int32_t code, int32_t blamed, const std::string& reason
   std::string msg = "rank " + std::to_string(peer_) + " aborted: " + reason;
   notice_code_ = code;
   // A PeerError names the rank at fault (a dead one, say), not the rank that passed the news on.
+  // A peer that timed out waiting for a third rank ends this rank's wait for the same reason.
   notice_ = code == static_cast<int>(ErrorCode::mismatch)
                 ? std::make_exception_ptr(MismatchError(msg))
+            : code == static_cast<int>(ErrorCode::timeout)
+                ? std::make_exception_ptr(TimeoutError(msg))
                 : std::make_exception_ptr(PeerError(msg, blamed >= 0 ? blamed : peer_));
 }
 
