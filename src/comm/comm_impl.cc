@@ -87,6 +87,18 @@ CommImpl::CommImpl(const Options& options) : config_(overrides_from(options)) {
   try {
     init(options);
   } catch (const Error& e) {
+    // A peer lost during the start-up probes may have left because the job failed elsewhere (the
+    // other ranks may already be in their first op, and fail it): that cause is the error.
+    if (e.code() == ErrorCode::peer && transport_) {
+      if (auto cause = transport_->find_cause(kCauseGrace, blamed_rank(e))) {
+        try {
+          std::rethrow_exception(cause);
+        } catch (const Error& c) {
+          std::rethrow_exception(
+              with_prefix(c, "rank " + std::to_string(rank_) + ": start-up: ", ""));
+        }
+      }
+    }
     // Start-up errors name the rank like every other error (once rank_ is known).
     const std::string prefix = "rank " + std::to_string(rank_) + ": ";
     if (std::string_view(e.what()).starts_with(prefix)) throw;
@@ -135,17 +147,19 @@ void CommImpl::init(const Options& options) {
     if (rank_ == 0 && config_.str("RINGREDUCE_STORE_SERVER") != "0") {
       // Rank 0 hosts the store on the address it was given, so it is reachable where the others
       // will look for it.
-      store_server_ =
-          std::make_unique<rendezvous::TcpStoreServer>(launch.store_host, launch.store_port);
+      store_server_ = std::make_unique<rendezvous::TcpStoreServer>(
+          launch.store_host, launch.store_port, config_.str("RINGREDUCE_TOKEN"));
     }
-    auto tcp = rendezvous::connect_tcp_store(launch.store_host, launch.store_port, timeout_);
+    auto tcp = rendezvous::connect_tcp_store(launch.store_host, launch.store_port, timeout_,
+                                             config_.str("RINGREDUCE_TOKEN"));
     store_ = std::make_shared<PrefixStore>(tcp, options.store_prefix);
     // A client of its own with a short timeout: when the store's host is stuck, a stall report
     // must fail fast, not hold up the communicator's destruction for RINGREDUCE_TIMEOUT.
     stall_store = [host = launch.store_host, port = launch.store_port,
-                   prefix = options.store_prefix,
+                   prefix = options.store_prefix, token = config_.str("RINGREDUCE_TOKEN"),
                    t = std::min(timeout_, std::chrono::milliseconds(5000))] {
-      return std::make_shared<PrefixStore>(rendezvous::connect_tcp_store(host, port, t), prefix);
+      return std::make_shared<PrefixStore>(rendezvous::connect_tcp_store(host, port, t, token),
+                                           prefix);
     };
     RR_LOG(info, rank_, "launched by ", launch.launcher, " as rank ", rank_, " of ", size_,
            "; store at ", launch.store_host, ":", launch.store_port);
@@ -273,11 +287,14 @@ void CommImpl::init(const Options& options) {
   const double stall_s = config_.number("RINGREDUCE_STALL_WARN");
   if (!(stall_s >= 0))
     throw InvalidArgument("RINGREDUCE_STALL_WARN must be >= 0 seconds (0: no stall reports)");
-  if (size_ > 1 && stall_s > 0)
+  // Always there with 2+ ranks: besides the warnings it finds mismatches no message shows.
+  if (size_ > 1)
     stall_ = std::make_unique<StallMonitor>(
         rank_, size_, std::chrono::milliseconds(static_cast<int64_t>(stall_s * 1000)),
-        StallMonitor::Hooks{stall_store,
-                            [this](const transport::OpTag& t) { return describe(t); }});
+        StallMonitor::Hooks{stall_store, [this](const transport::OpTag& t) { return describe(t); },
+                            [this](const std::string& reason) {
+                              transport_->interrupt(reason, static_cast<int>(ErrorCode::mismatch));
+                            }});
   RR_LOG(info, rank_, "communicator ready: ", size_, " ranks over ", link_kind_);
 }
 
@@ -586,7 +603,8 @@ CommImpl::~CommImpl() {
     std::lock_guard<std::mutex> lk(mu_);
     stop_ = true;
     // A running op is interrupted; the progress thread then leaves without starting another.
-    if (driving_) transport_->interrupt("communicator destroyed");
+    if (driving_)
+      transport_->interrupt("communicator destroyed", static_cast<int>(ErrorCode::aborted));
     progress_cv_.notify_all();
   }
   if (progress_thread_.joinable()) progress_thread_.join();
@@ -929,7 +947,7 @@ void CommImpl::abort(const std::string& reason) {
   queue_.clear();
   if (running) queue_.push_back(running);
   if (driving_) {
-    transport_->interrupt(msg);
+    transport_->interrupt(msg, static_cast<int>(ErrorCode::aborted));
   } else {
     driving_ = true;
     lk.unlock();

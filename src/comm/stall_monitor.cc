@@ -1,6 +1,7 @@
 #include "comm/stall_monitor.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <sstream>
 
 #include "core/log.h"
@@ -16,8 +17,10 @@ StallMonitor::StallMonitor(int rank, int size, milliseconds warn_after, Hooks ho
       warn_after_(warn_after),
       // A rank must have said where it is well before anyone reports on it; a second is long for
       // a collective that is not stuck, and rare enough that the store never notices.
-      publish_after_(std::min(milliseconds(1000), warn_after / 2)),
-      tick_(std::clamp(warn_after / 4, milliseconds(10), milliseconds(1000))),
+      publish_after_(warn_after.count() > 0 ? std::min(milliseconds(1000), warn_after / 2)
+                                            : milliseconds(1000)),
+      // A quarter of that: a mismatch that only the store can show takes about 1.5 s to find.
+      tick_(std::max(milliseconds(10), publish_after_ / 4)),
       hooks_(std::move(hooks)) {
   thread_ = std::thread([this] { loop(); });
 }
@@ -56,7 +59,8 @@ transport::OpTag StallMonitor::unpack(uint64_t seq, uint64_t count, uint64_t met
 void StallMonitor::loop() {
   uint64_t watched = 0;  // the op being timed, and for how many ticks it has been seen running
   int64_t ticks = 0;
-  bool published = false, warned = false;
+  bool published = false, warned = false, mismatched = false;
+  std::vector<int> unsure;  // ranks not yet seen at the watched op
   std::unique_lock<std::mutex> lk(mu_);
   // Bounded: every pass waits a tick or returns on stop_.
   while (!stop_) {
@@ -79,7 +83,7 @@ void StallMonitor::loop() {
     if (seq == 0 || seq != seq_.load(std::memory_order_relaxed) || seq != watched) {
       watched = seq;
       ticks = 0;
-      published = warned = false;
+      published = warned = mismatched = false;
       continue;
     }
     // Seen running at two samples `ticks` apart: it has waited at least that long.
@@ -87,11 +91,19 @@ void StallMonitor::loop() {
     const milliseconds waited = tick_ * ticks;
     if (waited < publish_after_) continue;
     lk.unlock();
+    const transport::OpTag tag = unpack(seq, count, meta);
     if (!published) {
-      publish(seq);
+      publish(tag);
       published = true;
+      unsure.clear();
+      for (int q = 0; q < size_; ++q)
+        if (q != rank_) unsure.push_back(q);
     }
-    if (!warned && waited >= warn_after_) {
+    // Everyone's word once, then the ranks still unseen once per publish_after: a stuck job of
+    // N ranks reads N keys per rank once, then only the missing ranks' keys.
+    if (!mismatched && !unsure.empty() && (ticks - 1) % 4 == 0 && hooks_.mismatch)
+      mismatched = compare(tag, &unsure);
+    if (!warned && warn_after_.count() > 0 && waited >= warn_after_) {
       warned_seq_.store(seq, std::memory_order_relaxed);
       std::ostringstream how;
       how << "has waited " << static_cast<double>(waited.count()) / 1000.0 << " s";
@@ -116,11 +128,12 @@ Store* StallMonitor::store() {
   return store_.get();
 }
 
-void StallMonitor::publish(uint64_t seq) {
+void StallMonitor::publish(const transport::OpTag& tag) {
   Store* s = store();
   if (!s) return;
   try {
-    const std::string v = std::to_string(seq);
+    const std::string v =
+        std::to_string(tag.seq) + " " + std::to_string(tag.count) + " " + std::to_string(pack(tag));
     s->set("stall/" + std::to_string(rank_), std::vector<uint8_t>(v.begin(), v.end()));
   } catch (const std::exception& e) {
     store_failed_ = true;
@@ -128,21 +141,53 @@ void StallMonitor::publish(uint64_t seq) {
   }
 }
 
+transport::OpTag StallMonitor::word_of(Store& s, int q) {
+  const std::string key = "stall/" + std::to_string(q);
+  transport::OpTag t;
+  t.seq = 0;
+  if (!s.check({key})) return t;
+  const std::vector<uint8_t> v = s.get(key, milliseconds(0));
+  unsigned long long seq = 0, count = 0, meta = 0;
+  // Written by our own kind, but read defensively: anything unreadable counts as no word.
+  if (std::sscanf(std::string(v.begin(), v.end()).c_str(), "%llu %llu %llu", &seq, &count, &meta) !=
+      3)
+    return t;
+  return unpack(seq, count, meta);
+}
+
+bool StallMonitor::compare(const transport::OpTag& mine, std::vector<int>* unsure) {
+  Store* s = store();
+  if (!s) return false;
+  try {
+    for (size_t i = 0; i < unsure->size();) {
+      const int q = (*unsure)[i];
+      const transport::OpTag t = word_of(*s, q);
+      if (t.seq < mine.seq) {
+        ++i;
+        continue;
+      }
+      unsure->erase(unsure->begin() + static_cast<long>(i));
+      if (t.seq == mine.seq && (t.count != mine.count || pack(t) != pack(mine))) {
+        hooks_.mismatch("mismatched call: rank " + std::to_string(q) + " issued " +
+                        hooks_.describe(t) +
+                        " (seen through the store: the two calls had "
+                        "exchanged no message)");
+        return true;
+      }
+    }
+  } catch (const std::exception& e) {
+    store_failed_ = true;
+    RR_LOG(warn, rank_, "stall reports are unavailable: ", e.what());
+  }
+  return false;
+}
+
 std::string StallMonitor::missing_ranks(Store& s, uint64_t seq) {
   std::vector<int> behind;
   std::ostringstream detail;
   for (int q = 0; q < size_; ++q) {
     if (q == rank_) continue;
-    const std::string key = "stall/" + std::to_string(q);
-    uint64_t at = 0;
-    if (s.check({key})) {
-      const std::vector<uint8_t> v = s.get(key, milliseconds(0));
-      try {
-        at = std::stoull(std::string(v.begin(), v.end()));
-      } catch (const std::exception&) {
-        at = 0;
-      }
-    }
+    const uint64_t at = word_of(s, q).seq;
     if (at >= seq) continue;
     behind.push_back(q);
     if (behind.size() <= 16) {

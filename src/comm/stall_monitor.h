@@ -1,13 +1,18 @@
 // The stall inspector (Horovod's is the model): when an op has waited longer than
 // RINGREDUCE_STALL_WARN, a warning lists the ranks that have not reached it; again at its timeout.
+// And the last line of mismatch detection: ranks that issued different calls which send each
+// other nothing (a chain reduce whose ranks disagree on the root can have every rank waiting to
+// receive) never see each other's fingerprint on a message; the store shows it to them.
 //
 // Nobody can ask a rank that never called the op where it is, so ranks leave word in the store:
 // a rank whose op has waited longer than `publish_after` writes "stall/<rank>" = that op's
-// sequence number, once per op. Every rank that has reached a stuck op S is stuck in it (nobody
-// can finish it without the missing ranks), so after `publish_after` every rank at S has said so;
-// the ranks whose word is below S (or missing) have not reached it. An op that ends quickly costs
-// the caller three relaxed atomic stores and nothing else: the monitor thread samples the current
-// op every `tick` and measures waits in ticks, so the op path never reads a clock.
+// sequence number and fingerprint, once per op. Every rank that has reached a stuck op S is stuck
+// in it (nobody can finish it without the missing ranks), so after `publish_after` every rank at S
+// has said so; the ranks whose word is below S (or missing) have not reached it, and a rank whose
+// word is S with another fingerprint issued another call: a MismatchError, through `mismatch`.
+// An op that ends quickly costs the caller three relaxed atomic stores and nothing else: the
+// monitor thread samples the current op every `tick` and measures waits in ticks, so the op path
+// never reads a clock, and the store is touched only by ops that have waited a second.
 #pragma once
 
 #include <atomic>
@@ -19,6 +24,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "ringreduce/store.h"
 #include "transport/link.h"
@@ -33,7 +39,10 @@ class StallMonitor {
     std::function<std::shared_ptr<Store>()> store;
     // "allreduce #812 (float x 4194304, sum)".
     std::function<std::string(const transport::OpTag&)> describe;
+    // Rank `peer` is in the same op with another call (`reason` says which): fail the op.
+    std::function<void(const std::string& reason)> mismatch;
   };
+  // warn_after 0: no warnings (the mismatch check still runs).
   StallMonitor(int rank, int size, std::chrono::milliseconds warn_after, Hooks hooks);
   ~StallMonitor();  // stops the thread; waits at most for one store call in flight
   StallMonitor(const StallMonitor&) = delete;
@@ -65,7 +74,12 @@ class StallMonitor {
   static transport::OpTag unpack(uint64_t seq, uint64_t count, uint64_t meta);
   void loop();
   // Store calls, each guarded: a store that fails is reported once and then left alone.
-  void publish(uint64_t seq);
+  void publish(const transport::OpTag& tag);
+  // Reads the word of the ranks in `unsure` (not yet seen at `tag.seq` or beyond), drops those
+  // that are, and reports a rank at the same op with another fingerprint. True on a mismatch.
+  bool compare(const transport::OpTag& tag, std::vector<int>* unsure);
+  // A rank's word: its op's tag (seq 0: none, or unreadable).
+  transport::OpTag word_of(Store& s, int q);
   // `how`: "has waited 60 s", "timed out after 300 s", ...
   void report(const transport::OpTag& tag, const std::string& how);
   Store* store();

@@ -4,6 +4,11 @@
 
 namespace ringreduce::transport {
 
+void throw_interrupt(const std::string& reason, int code) {
+  if (code == static_cast<int>(ErrorCode::mismatch)) throw MismatchError(reason);
+  throw Error(reason, static_cast<ErrorCode>(code));
+}
+
 bool is_deeper_cause(const std::exception_ptr& notice, int blamed) {
   if (!notice) return false;
   try {

@@ -170,12 +170,17 @@ class Transport {
   virtual std::exception_ptr find_cause(std::chrono::milliseconds grace, int blamed) = 0;
   // For error messages: turns a peer's tag into words ("allreduce #3 (float x 100, sum)").
   virtual void set_describer(std::function<std::string(const OpTag&)> f) = 0;
-  // Thread-safe: makes a wait() in progress (or the next one) throw Error(reason) promptly.
-  virtual void interrupt(const std::string& reason) = 0;
+  // Thread-safe: makes a wait() in progress (or the next one) throw promptly: an Error with
+  // `reason` and `code` (an ErrorCode: aborted for abort(), mismatch when the stall monitor finds
+  // that the ranks waiting for each other issued different calls), via throw_interrupt().
+  virtual void interrupt(const std::string& reason, int code) = 0;
 };
 
 // For find_cause: whether a peer's notice (an Error it failed with, passed on) says more than our
 // own PeerError pinned on `blamed`.
 bool is_deeper_cause(const std::exception_ptr& notice, int blamed);
+
+// The error an interrupt() becomes, of the class its code stands for.
+[[noreturn]] void throw_interrupt(const std::string& reason, int code);
 
 }  // namespace ringreduce::transport

@@ -363,6 +363,104 @@ TEST(Comm, AMalformedTuningFileFailsEveryRankNamingTheLine) {
   EXPECT_EQ(failed.load(), 2);
 }
 
+// Every algorithm the tuner can pick, forced, on each transport it runs on: rank 1 issues a call
+// that differs in count, dtype, op or root. Every rank must raise a MismatchError naming itself
+// (a rank that only sends in the op hears of it on its next call, from the rank that saw it),
+// within seconds, never a hang or a wrong result. The fingerprint rides on each op's first
+// message (the frame header or the FIFO slot's tag), so there is no extra round trip to time.
+struct ForcedMismatch {
+  std::string algo;  // RINGREDUCE_ALGO
+  std::string how;   // which field differs
+  std::map<std::string, std::string> where;
+};
+
+void call_with_mismatch(Communicator& c, const ForcedMismatch& m) {
+  const bool odd = c.rank() == 1;
+  const size_t n = m.how == "count" && odd ? 3001 : 3000;
+  const DataType t = m.how == "dtype" && odd ? DataType::i32 : DataType::f32;
+  const ReduceOp op = m.how == "op" && odd ? ReduceOp::max : ReduceOp::sum;
+  const int root = m.how == "root" && odd ? 2 : 0;
+  const size_t blocks = static_cast<size_t>(c.size());
+  std::vector<float> a(3001 * blocks, 1.0f), b(3001 * blocks, 0.0f);
+  const std::string coll = m.algo.substr(0, m.algo.find(':'));
+  if (coll == "allreduce")
+    c.allreduce(a.data(), b.data(), n, t, op);
+  else if (coll == "broadcast")
+    c.broadcast(a.data(), n, t, root);
+  else if (coll == "reduce")
+    c.reduce(a.data(), b.data(), n, t, op, root);
+  else if (coll == "reduce_scatter")
+    c.reduce_scatter(a.data(), b.data(), n, t, op);
+  else if (coll == "allgather")
+    c.allgather(a.data(), b.data(), n, t);
+  else if (coll == "alltoall")
+    c.alltoall(a.data(), b.data(), n, t);
+}
+
+TEST(Comm, EveryForcedAlgorithmReportsAMismatchOnEveryRank) {
+  const std::map<std::string, std::string> shm = {}, tcp = {{"RINGREDUCE_SHM", "0"}},
+                                           hosts = {{"TEST_HOSTS", "2"}};
+  std::vector<ForcedMismatch> cases;
+  for (const char* a : {"allreduce:ring", "allreduce:rd", "allreduce:rabenseifner",
+                        "allreduce:tree", "allreduce:star"})
+    for (const char* how : {"count", "dtype", "op"})
+      for (const auto& w : {shm, tcp}) cases.push_back({a, how, w});
+  for (const char* a : {"allreduce:flat", "allreduce:direct"})
+    for (const char* how : {"count", "dtype", "op"}) cases.push_back({a, how, shm});
+  for (const char* how : {"count", "dtype", "op"})
+    cases.push_back({"allreduce:hierarchical", how, hosts});
+  for (const char* a : {"broadcast:chain", "broadcast:binomial"})
+    for (const char* how : {"count", "dtype", "root"})
+      for (const auto& w : {shm, tcp}) cases.push_back({a, how, w});
+  for (const char* a : {"reduce:chain", "reduce:binomial"})
+    for (const char* how : {"count", "op", "root"})
+      for (const auto& w : {shm, tcp}) cases.push_back({a, how, w});
+  for (const char* a : {"reduce_scatter:ring", "allgather:ring", "alltoall:pairwise"})
+    for (const char* how : {"count", "dtype"})
+      for (const auto& w : {shm, tcp}) cases.push_back({a, how, w});
+  for (const auto& m : cases) {
+    const std::string name = m.algo + " " + m.how + " " + (m.where.empty() ? "shm" : "tcp/mix");
+    auto settings = m.where;
+    settings["RINGREDUCE_ALGO"] = m.algo;
+    std::atomic<int> mismatches{0};
+    auto store = ringreduce::make_memory_store();
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 4; ++r)
+      threads.emplace_back([&, r] {
+        auto start = Clock::now();
+        try {
+          ringreduce::Options o;
+          o.rank = r;
+          o.world_size = 4;
+          o.store = store;
+          o.timeout = 10s;
+          o.settings = settings;
+          if (o.settings.count("TEST_HOSTS")) {
+            o.settings["RINGREDUCE_HOST_ID"] = "h" + std::to_string(r % 2);
+            o.settings.erase("TEST_HOSTS");
+          }
+          // Inside the try: a rank still finishing its start-up (rank 0 passes the measured
+          // costs around last) may hear of the others' mismatch there, and must report it too.
+          Communicator comm(o);
+          start = Clock::now();
+          call_with_mismatch(comm, m);
+          comm.barrier();
+          ADD_FAILURE() << name << ": rank " << r << " saw no error";
+        } catch (const ringreduce::MismatchError& e) {
+          EXPECT_LT(seconds_since(start), 5.0) << name;
+          EXPECT_EQ(std::string(e.what()).rfind("rank " + std::to_string(r) + ": ", 0), 0u)
+              << name << ": " << e.what();
+          EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
+          ++mismatches;
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << name << ": rank " << r << ": " << e.what();
+        }
+      });
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(mismatches.load(), 4) << name;
+  }
+}
+
 TEST(Comm, AbortFromAnotherThreadFailsPendingAndLaterOpsQuickly) {
   run_ranks(2, [](Communicator& comm) {
     if (comm.rank() == 1) {

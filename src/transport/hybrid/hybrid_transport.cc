@@ -46,7 +46,7 @@ void HybridTransport::wait(Completion& c, const core::Deadline& deadline) {
   while (!c.done()) {
     if (interrupted_.load(std::memory_order_acquire)) {
       std::lock_guard<std::mutex> lock(interrupt_mu_);
-      throw Error(interrupt_reason_, ErrorCode::aborted);
+      throw_interrupt(interrupt_reason_, interrupt_code_);
     }
     // Both engines: what moved on one (a forward staged by a TCP receive) may move the other.
     bool any = shm_->poll(false);
@@ -95,15 +95,16 @@ std::exception_ptr HybridTransport::find_cause(std::chrono::milliseconds grace, 
   return tcp_->find_cause(grace, blamed);
 }
 
-void HybridTransport::interrupt(const std::string& reason) {
+void HybridTransport::interrupt(const std::string& reason, int code) {
   {
     std::lock_guard<std::mutex> lock(interrupt_mu_);
     if (interrupted_.load()) return;
     interrupt_reason_ = reason;
+    interrupt_code_ = code;
   }
   interrupted_.store(true, std::memory_order_release);
   // Wakes a sleeping wait: it sleeps in the TCP engine's epoll_wait.
-  tcp_->interrupt(reason);
+  tcp_->interrupt(reason, code);
 }
 
 }  // namespace ringreduce::transport::hybrid

@@ -40,12 +40,13 @@ class HybridTransport final : public Transport {
   void abort(int code, int blamed_rank, const std::string& reason) override;
   std::exception_ptr find_cause(std::chrono::milliseconds grace, int blamed) override;
   void set_describer(std::function<std::string(const OpTag&)> f) override;
-  void interrupt(const std::string& reason) override;
+  void interrupt(const std::string& reason, int code) override;
 
  private:
   std::atomic<bool> interrupted_{false};
   std::mutex interrupt_mu_;
   std::string interrupt_reason_;
+  int interrupt_code_ = 0;
   [[noreturn]] void throw_timeout();
 
   std::unique_ptr<shm::ShmTransport> shm_;

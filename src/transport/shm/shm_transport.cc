@@ -522,7 +522,7 @@ void ShmTransport::drive(Poll&& poll, Moved&& moved, OnTimeout&& on_timeout,
   for (;;) {
     if (interrupted_.load(std::memory_order_acquire)) {
       std::lock_guard<std::mutex> lock(interrupt_mu_);
-      throw Error(interrupt_reason_, ErrorCode::aborted);
+      throw_interrupt(interrupt_reason_, interrupt_code_);
     }
     if (poll()) return;
     const bool any = moved();
@@ -640,11 +640,12 @@ std::exception_ptr ShmTransport::find_cause(std::chrono::milliseconds grace, int
   }
 }
 
-void ShmTransport::interrupt(const std::string& reason) {
+void ShmTransport::interrupt(const std::string& reason, int code) {
   {
     std::lock_guard<std::mutex> lock(interrupt_mu_);
     if (interrupted_.load()) return;
     interrupt_reason_ = reason;
+    interrupt_code_ = code;
   }
   interrupted_.store(true, std::memory_order_release);
   uint64_t one = 1;

@@ -84,7 +84,7 @@ class ShmTransport final : public Transport {
   void begin_op(const OpTag& tag, bool stream_output = false) override;
   void wait(Completion& c, const core::Deadline& deadline) override;
   void abort(int code, int blamed_rank, const std::string& reason) override;
-  void interrupt(const std::string& reason) override;
+  void interrupt(const std::string& reason, int code) override;
   std::exception_ptr find_cause(std::chrono::milliseconds grace, int blamed) override;
   void set_describer(std::function<std::string(const OpTag&)> f) override {
     describe_ = std::move(f);
@@ -183,6 +183,7 @@ class ShmTransport final : public Transport {
   std::atomic<bool> interrupted_{false};
   std::mutex interrupt_mu_;
   std::string interrupt_reason_;
+  int interrupt_code_ = 0;
   bool aborted_ = false;
   // The sleep/wake handshake (flush_rings, sleep) is Dekker's: a waker stores its data and then
   // loads the peer's sleep flag, a sleeper stores its flag and then loads the data. Either both

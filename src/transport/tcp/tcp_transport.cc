@@ -418,7 +418,7 @@ void TcpTransport::wait(Completion& c, const core::Deadline& deadline) {
   while (!c.done()) {
     if (interrupted_.load(std::memory_order_acquire)) {
       std::lock_guard<std::mutex> lock(interrupt_mu_);
-      throw Error(interrupt_reason_, ErrorCode::aborted);
+      throw_interrupt(interrupt_reason_, interrupt_code_);
     }
     const bool spinning = core::Clock::now() < spin_until;
     const bool any = poll_events(spinning ? 0 : std::min(deadline.remaining_ms(), 1000));
@@ -468,11 +468,12 @@ std::exception_ptr TcpTransport::find_cause(std::chrono::milliseconds grace, int
   }
 }
 
-void TcpTransport::interrupt(const std::string& reason) {
+void TcpTransport::interrupt(const std::string& reason, int code) {
   {
     std::lock_guard<std::mutex> lock(interrupt_mu_);
     if (interrupted_.load()) return;
     interrupt_reason_ = reason;
+    interrupt_code_ = code;
   }
   interrupted_.store(true, std::memory_order_release);
   uint64_t one = 1;

@@ -58,7 +58,7 @@ class TcpTransport final : public Transport {
   void begin_op(const OpTag& tag, bool /*stream_output*/ = false) override { tag_ = tag; }
   void wait(Completion& c, const core::Deadline& deadline) override;
   void abort(int code, int blamed_rank, const std::string& reason) override;
-  void interrupt(const std::string& reason) override;
+  void interrupt(const std::string& reason, int code) override;
   std::exception_ptr find_cause(std::chrono::milliseconds grace, int blamed) override;
 
   // For error messages: turns a peer's tag into words ("allreduce #3 (float x 100, sum)").
@@ -101,6 +101,7 @@ class TcpTransport final : public Transport {
   std::atomic<bool> interrupted_{false};
   std::mutex interrupt_mu_;
   std::string interrupt_reason_;
+  int interrupt_code_ = 0;
   bool aborted_ = false;
   bool notices_ = false;       // some link holds a peer's abort notice
   std::vector<bool> connect_;  // by rank: whether there is a link to it
