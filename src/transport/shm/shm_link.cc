@@ -28,8 +28,10 @@ std::exception_ptr ShmLink::notice() const {
   // A peer that timed out waiting for a third rank: this rank's wait ends for the same reason.
   if (ctl->abort_code == static_cast<int>(ErrorCode::timeout))
     return std::make_exception_ptr(TimeoutError(msg));
+  // Read from the peer's memory: believed only when it names a rank of the job.
+  const int32_t blamed = ctl->abort_blamed;
   return std::make_exception_ptr(
-      PeerError(msg, ctl->abort_blamed >= 0 ? ctl->abort_blamed : peer_));
+      PeerError(msg, blamed >= 0 && blamed < owner_->size() ? blamed : peer_));
 }
 
 int ShmLink::notice_code() const {

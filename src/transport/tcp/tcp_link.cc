@@ -11,6 +11,7 @@
 #include "core/log.h"
 #include "reduce/reduce.h"
 #include "ringreduce/error.h"
+#include "transport/tcp/frame.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace ringreduce::transport::tcp {
@@ -230,13 +231,7 @@ void TcpLink::drain_inbox() {
       inbox_begin_ += sizeof(FrameHeader);
       avail -= sizeof(FrameHeader);
       in_header_ready_ = true;
-      if (in_header_.magic != kFrameMagic) peer_failed("sent a corrupt frame (bad magic)");
-      if (in_header_.type == kFrameAbort) {
-        if (in_header_.payload_bytes < 8 || in_header_.payload_bytes > kMaxAbortPayload)
-          peer_failed("sent a corrupt abort notice");
-      } else if (in_header_.type != kFrameData) {
-        peer_failed("sent a frame of unknown type " + std::to_string(in_header_.type));
-      }
+      if (const std::string bad = check_frame_header(in_header_); !bad.empty()) peer_failed(bad);
     }
     if (in_header_.type == kFrameAbort) {
       if (avail < in_header_.payload_bytes) {
@@ -248,11 +243,9 @@ void TcpLink::drain_inbox() {
         }
         return;
       }
-      int32_t code, blamed;
-      std::memcpy(&code, inbox_.get() + inbox_begin_, 4);
-      std::memcpy(&blamed, inbox_.get() + inbox_begin_ + 4, 4);
-      set_notice(code, blamed,
-                 std::string(inbox_.get() + inbox_begin_ + 8, in_header_.payload_bytes - 8));
+      const AbortNotice n = parse_abort_notice(inbox_.get() + inbox_begin_,
+                                               in_header_.payload_bytes, peer_, owner_->size());
+      set_notice(n.code, n.blamed, n.reason);
       // Nothing follows a notice: the link is done. The notice fails whatever needs this link
       // now or later, and the transport's wait fails fast on it unless its op already finished
       // (a notice read in the same recv() as an op's last bytes must not fail that op).
@@ -269,9 +262,8 @@ void TcpLink::drain_inbox() {
       if (!(in_header_.tag == owner_->tag()))
         throw MismatchError("mismatched call: rank " + std::to_string(peer_) + " issued " +
                             owner_->describe(in_header_.tag));
-      if (in_header_.payload_bytes != op.bytes)
-        peer_failed("sent " + std::to_string(in_header_.payload_bytes) + " bytes where " +
-                    std::to_string(op.bytes) + " were expected");
+      if (const std::string bad = check_data_frame(in_header_, op.bytes); !bad.empty())
+        peer_failed(bad);
       in_header_checked_ = true;
     }
     size_t want = op.bytes - op.done;
@@ -414,9 +406,7 @@ bool TcpLink::salvage_notice() {
         std::memcpy(&in_header_, inbox_.get() + inbox_begin_, sizeof(FrameHeader));
         inbox_begin_ += sizeof(FrameHeader);
         avail -= sizeof(FrameHeader);
-        const bool abort_frame = in_header_.type == kFrameAbort && in_header_.payload_bytes >= 8 &&
-                                 in_header_.payload_bytes <= kMaxAbortPayload;
-        if (in_header_.magic != kFrameMagic || (in_header_.type != kFrameData && !abort_frame)) {
+        if (!check_frame_header(in_header_).empty()) {
           salvage_done_ = true;  // unreadable from here on
           return true;
         }
@@ -427,11 +417,9 @@ bool TcpLink::salvage_notice() {
         in_header_ready_ = true;
       }
       if (avail < in_header_.payload_bytes) break;
-      int32_t code, blamed;
-      std::memcpy(&code, inbox_.get() + inbox_begin_, 4);
-      std::memcpy(&blamed, inbox_.get() + inbox_begin_ + 4, 4);
-      set_notice(code, blamed,
-                 std::string(inbox_.get() + inbox_begin_ + 8, in_header_.payload_bytes - 8));
+      const AbortNotice n = parse_abort_notice(inbox_.get() + inbox_begin_,
+                                               in_header_.payload_bytes, peer_, owner_->size());
+      set_notice(n.code, n.blamed, n.reason);
       return true;
     }
     // Need more bytes: keep what is unread at the front and fill the rest.
