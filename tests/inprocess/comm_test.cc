@@ -490,6 +490,48 @@ TEST(Comm, AbortFromAnotherThreadFailsPendingAndLaterOpsQuickly) {
   });
 }
 
+TEST(Comm, AbortFailsARunningOpQueuedAsyncOpsAndLaterOpsWithItsReasonOnEveryTransport) {
+  // Rank 1 never joins: rank 0 is inside a large allreduce with two more queued behind it when
+  // another thread calls abort(). All three, and any later call, fail within 100 ms of the abort
+  // with its reason; the communicator is then destroyed without hanging.
+  for (const auto& settings : std::vector<std::map<std::string, std::string>>{
+           {}, {{"RINGREDUCE_SHM", "0"}}, {{"TEST_HOSTS", "2"}}}) {
+    run_ranks(
+        2,
+        [](Communicator& comm) {
+          if (comm.rank() == 1) {
+            std::this_thread::sleep_for(1500ms);
+            return;
+          }
+          std::vector<std::vector<float>> bufs(3, std::vector<float>(1 << 22, 1.0f));
+          std::vector<ringreduce::Work> works;
+          for (auto& b : bufs)
+            works.push_back(comm.allreduce_async(std::span<float>(b), ReduceOp::sum));
+          Clock::time_point aborted_at;
+          std::thread killer([&] {
+            std::this_thread::sleep_for(200ms);
+            aborted_at = Clock::now();
+            comm.abort("the trainer gave up");
+          });
+          for (auto& w : works) {
+            try {
+              w.wait();
+              ADD_FAILURE() << "an op survived abort()";
+            } catch (const ringreduce::Error& e) {
+              EXPECT_NE(std::string(e.what()).find("the trainer gave up"), std::string::npos)
+                  << e.what();
+            }
+          }
+          killer.join();
+          EXPECT_LT(seconds_since(aborted_at), 0.1);
+          const auto t = Clock::now();
+          EXPECT_THROW(comm.barrier(), ringreduce::Error);
+          EXPECT_LT(seconds_since(t), 0.1);
+        },
+        settings, 30s);
+  }
+}
+
 TEST(Comm, DeadPeerNeverStretchesAWaitPastItsDeadline) {
   // Rank 1 leaves. Rank 0 sends to it (broadcast from 0), which draws a reset, then waits on
   // rank 2, which stays silent for 3 s: every call of rank 0 must end by its 1 s deadline, not
