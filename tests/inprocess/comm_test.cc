@@ -666,8 +666,8 @@ TEST(Comm, InterfaceByName) {
 
 TEST(Comm, StrangersAtStartUpAreDroppedAndTheJobConnects) {
   // Rank 0 publishes its address; before rank 1 starts, strangers connect to it: one sends
-  // garbage, one a hello with another communicator id, one says nothing at all, one poses as
-  // rank 1 without the token.
+  // garbage, one a hello with another communicator id, one says nothing at all, one sends five
+  // bytes of a hello and stops, one poses as rank 1 without the token.
   auto store = ringreduce::make_memory_store();
   std::vector<std::exception_ptr> errors(2);
   // Rank 0 reads every rank's host identity before it listens: publish rank 1's ahead of it (the
@@ -706,6 +706,9 @@ TEST(Comm, StrangersAtStartUpAreDroppedAndTheJobConnects) {
   uint32_t hello[8] = {0x31485252, 1, 12345, 0, 1, 0, 2, 0};  // right magic, wrong communicator
   ASSERT_EQ(write(wrong.get(), hello, sizeof hello), static_cast<ssize_t>(sizeof hello));
   auto silent = ringreduce::transport::tcp::connect_to(sa, deadline);
+  // A trickler: the first bytes of a hello, the rest never (its reader waits, the job does not).
+  auto trickle = ringreduce::transport::tcp::connect_to(sa, deadline);
+  ASSERT_EQ(write(trickle.get(), hello, 5), 5);
   // One that knows everything but the token: the right communicator, claiming rank 1, with a
   // made-up proof. It must be dropped, and the real rank 1 must still get in.
   auto impostor = ringreduce::transport::tcp::connect_to(sa, deadline);
