@@ -1,6 +1,8 @@
 // ringreduce-store: a standalone rendezvous store server, for jobs where rank 0 should not host
 // the store (RINGREDUCE_STORE_SERVER=0) or where the store must outlive any one rank.
 //   ringreduce-store [--host H] [--port P]
+// With RINGREDUCE_TOKEN set in its environment, only clients that prove they hold the same token
+// are served.
 // Prints "listening on HOST:PORT" once it accepts connections, then serves until SIGINT or
 // SIGTERM.
 #include <signal.h>
@@ -10,6 +12,7 @@
 #include <exception>
 #include <string>
 
+#include "core/config.h"
 #include "rendezvous/socket_util.h"
 #include "rendezvous/tcp_store.h"
 
@@ -18,7 +21,8 @@ namespace {
 constexpr const char* kUsage =
     "usage: ringreduce-store [--host H] [--port P]\n"
     "  --host H   address to listen on (default 0.0.0.0; :: for IPv6 and IPv4)\n"
-    "  --port P   TCP port (default 29500; 0 picks a free one)\n";
+    "  --port P   TCP port (default 29500; 0 picks a free one)\n"
+    "RINGREDUCE_TOKEN in the environment: serve only clients that prove they hold it.\n";
 
 bool parse_port(const std::string& text, int* port) {
   if (text.empty() || text.size() > 5) return false;
@@ -78,7 +82,9 @@ int main(int argc, char** argv) {
   }
 
   try {
-    ringreduce::rendezvous::TcpStoreServer server(host, port);
+    // The token comes from the environment, never the command line, where ps would show it.
+    ringreduce::rendezvous::TcpStoreServer server(
+        host, port, ringreduce::core::Config().str("RINGREDUCE_TOKEN"));
     std::printf("listening on %s\n",
                 ringreduce::rendezvous::join_host_port(host, server.port()).c_str());
     std::fflush(stdout);

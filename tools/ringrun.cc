@@ -77,6 +77,8 @@ const char kUsage[] =
     "Each rank gets RINGREDUCE_RANK, RINGREDUCE_WORLD_SIZE, RINGREDUCE_LOCAL_RANK,\n"
     "RINGREDUCE_LOCAL_SIZE, RINGREDUCE_ADDR=127.0.0.1:PORT and RINGREDUCE_STORE_SERVER=0;\n"
     "its output lines are prefixed with \"[rank] \". Stdin of every rank is /dev/null.\n"
+    "With RINGREDUCE_TOKEN set, the store serves only ranks that prove they hold it\n"
+    "(the ranks inherit it).\n"
     "\n"
     "  -n N                number of ranks, 1..1024\n"
     "  --timeout SECONDS   kill the job if it is still running after SECONDS\n"
@@ -816,7 +818,9 @@ int run(int argc, char** argv) {
     }
   }
 
-  ringreduce::rendezvous::TcpStoreServer store("127.0.0.1", 0);
+  // The ranks inherit RINGREDUCE_TOKEN from this environment and prove it to this store.
+  ringreduce::rendezvous::TcpStoreServer store("127.0.0.1", 0,
+                                               ringreduce::core::Config().str("RINGREDUCE_TOKEN"));
   // Declared after the store: ranks are killed and reaped before the store they use goes away.
   Launcher launcher(*args, *path, store.port(), signal_fd.get(), plan);
   if (int rc = launcher.start(); rc != 0) return rc;

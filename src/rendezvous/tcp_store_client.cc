@@ -3,6 +3,8 @@
 // get() must not keep another thread from the set() that would satisfy it. A connection goes
 // back to the pool only after a complete, well-formed response; on any I/O error, timeout or
 // protocol violation it is closed, because its request/response stream is no longer in step.
+// With a token, every new connection runs the mutual proof of tcp_store_wire.h before its first
+// request.
 #include "rendezvous/tcp_store.h"
 
 #include <arpa/inet.h>
@@ -17,6 +19,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/auth.h"
 #include "core/fd.h"
 #include "core/log.h"
 #include "rendezvous/socket_util.h"
@@ -52,10 +55,11 @@ std::string errno_text() {
 
 class TcpStoreClient : public Store {
  public:
-  TcpStoreClient(std::string host, int port, milliseconds timeout)
+  TcpStoreClient(std::string host, int port, milliseconds timeout, std::string token)
       : host_(std::move(host)),
         port_(port),
         timeout_(std::max(timeout, milliseconds(0))),
+        token_(std::move(token)),
         name_("TCP store at " + join_host_port(host_, port_)) {}
 
   // Opens the first connection, retrying until the timeout: the server may start later.
@@ -334,24 +338,23 @@ class TcpStoreClient : public Store {
     return err == 0 ? "" : std::strerror(err);
   }
 
-  // The hello exchange; returns "" when the server accepted it. A server that answers with the
-  // wrong magic or another version is not a transient failure: that throws.
+  // The hello exchange (and with a token, the proofs both ways); returns "" when the server
+  // accepted it, else a transient reason to retry. A server that answers with the wrong magic or
+  // another version, or a token on one side only or two different tokens, is not transient: that
+  // throws.
   std::string hello(int fd, const Deadline& deadline) {
+    const bool auth = !token_.empty();
+    const core::auth::Nonce client_nonce = auth ? core::auth::random_nonce() : core::auth::Nonce{};
     std::vector<uint8_t> msg;
-    wire::append_client_hello(&msg);
+    if (auth)
+      wire::append_client_hello(&msg, wire::kVersion, wire::Auth::hmac_sha256, client_nonce.data(),
+                                client_nonce.size());
+    else
+      wire::append_client_hello(&msg);
     IoResult r = send_exact(fd, msg.data(), msg.size(), deadline);
     uint8_t reply[wire::kHelloBytes];
     if (r == IoResult::ok) r = recv_exact(fd, reply, sizeof(reply), deadline);
-    switch (r) {
-      case IoResult::ok:
-        break;
-      case IoResult::timeout:
-        return "no hello from the server in time";
-      case IoResult::closed:
-        return "the server closed the connection during the hello";
-      case IoResult::error:
-        return std::string("hello failed: ") + errno_text();
-    }
+    if (std::string why = io_reason(r, "the hello"); !why.empty()) return why;
     uint32_t magic = wire::load32(reply);
     uint16_t version = wire::load16(reply + 4);
     uint16_t status = wire::load16(reply + 6);
@@ -361,21 +364,69 @@ class TcpStoreClient : public Store {
     if (status == static_cast<uint16_t>(wire::HelloStatus::bad_version))
       throw Error(name_ + ": the server speaks store protocol version " + std::to_string(version) +
                   ", this client version " + std::to_string(wire::kVersion));
+    if (status == static_cast<uint16_t>(wire::HelloStatus::auth_required))
+      throw Error(name_ +
+                  ": the store requires a token and this process has none: set RINGREDUCE_TOKEN "
+                  "(or Options::token) to the job's token, as on the other ranks");
     if (status == static_cast<uint16_t>(wire::HelloStatus::auth_unsupported))
-      throw Error(name_ + ": the server does not offer the authentication this client asked for");
-    if (status != static_cast<uint16_t>(wire::HelloStatus::ok) || challenge_len != 0)
-      // A challenge is what an authenticating server sends; this client cannot answer one yet.
+      throw Error(name_ +
+                  (auth ? ": RINGREDUCE_TOKEN is set in this process, but the store was started "
+                          "without one: set the same RINGREDUCE_TOKEN where the store runs (rank "
+                          "0, ringrun or ringreduce-store), or unset it here"
+                        : ": the server does not offer the authentication this client asked for"));
+    if (status != static_cast<uint16_t>(wire::HelloStatus::ok) ||
+        challenge_len != (auth ? wire::kChallengeBytes : 0))
       throw Error(name_ +
                   ": the server requires a hello step this client does not support "
                   "(status " +
                   std::to_string(status) + ", challenge of " + std::to_string(challenge_len) +
                   " bytes)");
+    if (!auth) return "";
+
+    uint8_t challenge[wire::kChallengeBytes];
+    r = recv_exact(fd, challenge, sizeof(challenge), deadline);
+    if (std::string why = io_reason(r, "the authentication"); !why.empty()) return why;
+    core::auth::Nonce server_nonce{};
+    std::copy(challenge, challenge + server_nonce.size(), server_nonce.begin());
+    const auto ctx = wire::auth_context(wire::kVersion, wire::Auth::hmac_sha256);
+    const core::auth::Proof want =
+        core::auth::make_proof(token_, wire::kServerProofLabel, ctx, client_nonce, server_nonce);
+    // The store proves itself first: a client never hands its proof, which a stranger could use
+    // to guess a weak token offline, to a server that has not shown it knows the token.
+    if (!core::auth::proofs_equal(want, std::span<const uint8_t>(challenge + server_nonce.size(),
+                                                                 core::auth::kProofBytes)))
+      throw Error(name_ +
+                  ": the store does not know this process's RINGREDUCE_TOKEN (its proof of the "
+                  "token is wrong): the store belongs to another job, or the tokens differ");
+    const core::auth::Proof mine =
+        core::auth::make_proof(token_, wire::kClientProofLabel, ctx, server_nonce, client_nonce);
+    r = send_exact(fd, mine.data(), mine.size(), deadline);
+    uint8_t verdict = 0;
+    if (r == IoResult::ok) r = recv_exact(fd, &verdict, 1, deadline);
+    if (std::string why = io_reason(r, "the authentication"); !why.empty()) return why;
+    if (verdict != static_cast<uint8_t>(wire::AuthStatus::ok))
+      throw Error(name_ + ": the store rejected this process's proof of RINGREDUCE_TOKEN");
     return "";
+  }
+
+  static std::string io_reason(IoResult r, const char* during) {
+    switch (r) {
+      case IoResult::ok:
+        return "";
+      case IoResult::timeout:
+        return std::string("no answer from the server in time during ") + during;
+      case IoResult::closed:
+        return std::string("the server closed the connection during ") + during;
+      case IoResult::error:
+        return std::string(during) + " failed: " + errno_text();
+    }
+    return "?";
   }
 
   const std::string host_;
   const int port_;
   const milliseconds timeout_;
+  const std::string token_;
   const std::string name_;
   std::mutex mu_;
   std::vector<core::Fd> idle_;
@@ -384,12 +435,13 @@ class TcpStoreClient : public Store {
 }  // namespace
 
 std::shared_ptr<Store> connect_tcp_store(const std::string& host, int port,
-                                         std::chrono::milliseconds timeout) {
+                                         std::chrono::milliseconds timeout,
+                                         const std::string& token) {
   if (port <= 0 || port > 65535)
     throw InvalidArgument("connect_tcp_store: port " + std::to_string(port) +
                           " is not in 1..65535");
   if (host.empty()) throw InvalidArgument("connect_tcp_store: the host name is empty");
-  auto store = std::make_shared<TcpStoreClient>(host, port, timeout);
+  auto store = std::make_shared<TcpStoreClient>(host, port, timeout, token);
   store->connect_first();
   return store;
 }

@@ -4,10 +4,22 @@
 // Connection start (the "hello"):
 //   client -> server  magic u32 | version u16 | auth u16 | auth_len u32 | auth_len bytes
 //   server -> client  magic u32 | version u16 | status u16 | challenge_len u32 | challenge bytes
-// Today auth is always Auth::none with auth_len 0, and the server answers with challenge_len 0.
-// The auth fields are where a later change adds a shared-token HMAC challenge-response: the
-// client names the method in `auth`, the server sends a nonce as its challenge, and the client
-// proves it holds the token in one more message before any request is accepted.
+// Without a token (RINGREDUCE_TOKEN unset) auth is none with auth_len 0, the server answers with
+// challenge_len 0, and connections are not authenticated. With a token, the handshake is a mutual
+// HMAC-SHA256 challenge-response (core/auth.h); the token itself never crosses the wire:
+//   client hello   auth = hmac_sha256, auth_len 32: the client's nonce
+//   server hello   status ok, challenge_len 64: the server's nonce (32) | the server's proof (32)
+//                  = make_proof(token, kServerProofLabel, context, client nonce, server nonce)
+//   client         checks the server's proof (a store that does not know the token is left at
+//                  once, before the client proves anything), then sends its proof (32 bytes)
+//                  = make_proof(token, kClientProofLabel, context, server nonce, client nonce)
+//   server         one AuthStatus byte: ok, or denied and the connection is closed.
+// `context` is the client hello's first 8 bytes (magic, version, auth). The server's fresh nonce
+// makes a proof recorded on one connection worthless on the next, and the role labels keep either
+// side from reflecting the other's proof. A token on one side only is refused with a status that
+// says which side lacks it (auth_required: the client has none; auth_unsupported: the server has
+// none). Until the proof is accepted the server buffers no more than one hello and one proof, and
+// the whole exchange must finish within a hard deadline from accept, however the bytes trickle in.
 //
 // Then request/response frames, strictly one response per request, in order:
 //   request   op u8     | payload_len u32 | payload
@@ -23,11 +35,14 @@
 // peer that breaks any rule is disconnected.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "core/auth.h"
 
 namespace ringreduce::rendezvous::wire {
 
@@ -43,13 +58,23 @@ constexpr size_t kMaxMessageBytes = 4096;
 constexpr size_t kHelloBytes = 12;
 constexpr size_t kFrameHeaderBytes = 5;
 
-enum class Auth : uint16_t { none = 0 };
+// The token handshake's pieces.
+constexpr size_t kChallengeBytes = core::auth::kNonceBytes + core::auth::kProofBytes;
+constexpr size_t kAuthContextBytes = 8;
+constexpr const char* kServerProofLabel = "ringreduce store server";
+constexpr const char* kClientProofLabel = "ringreduce store client";
+
+enum class Auth : uint16_t { none = 0, hmac_sha256 = 1 };
 
 enum class HelloStatus : uint16_t {
   ok = 0,
   bad_version = 1,       // the server's hello carries the version it speaks
   auth_unsupported = 2,  // the client asked for an auth method the server does not offer
+  auth_required = 3,     // the server has a token and the client sent no proof method
 };
+
+// The server's answer to the client's proof.
+enum class AuthStatus : uint8_t { ok = 0, denied = 1 };
 
 enum class Op : uint8_t { set = 1, get = 2, add = 3, wait = 4, check = 5 };
 enum class Status : uint8_t { ok = 0, timeout = 1, bad_request = 2 };
@@ -132,6 +157,7 @@ class Writer {
     u32(static_cast<uint32_t>(v));
   }
   void raw(const void* data, size_t len) {
+    if (len == 0) return;  // data may be null then
     const uint8_t* p = static_cast<const uint8_t*>(data);
     out_->insert(out_->end(), p, p + len);
   }
@@ -218,20 +244,35 @@ class Reader {
   size_t left_;
 };
 
-inline void append_client_hello(std::vector<uint8_t>* out, uint16_t version = kVersion) {
+inline void append_client_hello(std::vector<uint8_t>* out, uint16_t version = kVersion,
+                                Auth auth = Auth::none, const uint8_t* auth_data = nullptr,
+                                size_t auth_len = 0) {
   Writer w(out);
   w.u32(kMagic);
   w.u16(version);
-  w.u16(static_cast<uint16_t>(Auth::none));
-  w.u32(0);
+  w.u16(static_cast<uint16_t>(auth));
+  w.bytes(auth_data, auth_len);
 }
 
-inline void append_server_hello(std::vector<uint8_t>* out, HelloStatus status) {
+inline void append_server_hello(std::vector<uint8_t>* out, HelloStatus status,
+                                const uint8_t* challenge = nullptr, size_t challenge_len = 0) {
   Writer w(out);
   w.u32(kMagic);
   w.u16(kVersion);
   w.u16(static_cast<uint16_t>(status));
-  w.u32(0);  // challenge length: no authentication yet
+  w.bytes(challenge, challenge_len);
+}
+
+// What both proofs bind besides the nonces: the client hello's magic, version and auth method.
+inline std::array<uint8_t, kAuthContextBytes> auth_context(uint16_t version, Auth auth) {
+  std::vector<uint8_t> v;
+  Writer w(&v);
+  w.u32(kMagic);
+  w.u16(version);
+  w.u16(static_cast<uint16_t>(auth));
+  std::array<uint8_t, kAuthContextBytes> out{};
+  for (size_t i = 0; i < out.size(); ++i) out[i] = v[i];
+  return out;
 }
 
 }  // namespace ringreduce::rendezvous::wire
