@@ -86,7 +86,9 @@ int barrier() {
   int port = 0;
   ringreduce::rendezvous::split_host_port(var("RINGREDUCE_ADDR"), &host, &port);
   int world = std::atoi(var("RINGREDUCE_WORLD_SIZE").c_str());
-  auto store = ringreduce::rendezvous::connect_tcp_store(host, port, 10s);
+  // ringrun hosts the store with the RINGREDUCE_TOKEN it was given, if any, as its ranks inherit.
+  auto store = ringreduce::rendezvous::connect_tcp_store(
+      host, port, 10s, ringreduce::core::Config().str("RINGREDUCE_TOKEN"));
   int64_t arrived = store->add("barrier/arrived", 1);
   put(1, "arrived=" + std::to_string(arrived) + "\n");
   // The last to arrive opens the gate; everyone waits for it. No rank can pass before all added.
