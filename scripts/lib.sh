@@ -6,7 +6,8 @@ BUILD=${BUILD:-$ROOT/build}
 
 # Debian packages the build and the tests need. Only the missing ones are installed.
 RR_PACKAGES=(cmake ninja-build g++ pkg-config python3 libgtest-dev libgmock-dev libbenchmark-dev
-             openmpi-bin libopenmpi-dev iproute2 procps libssl-dev clang libclang-rt-14-dev)
+             openmpi-bin libopenmpi-dev iproute2 procps libssl-dev clang libclang-rt-14-dev
+             nftables)
 
 install_missing() {
   local missing=()

@@ -10,6 +10,13 @@
 #   mpirun    OpenMPI's mpirun over 2 hosts x 2 slots (its rsh agent enters the namespaces)
 #   slurm     Slurm's variables, set by hand as srun would, 2 hosts x 2 ranks
 #   torchrun  torchrun's variables, 3 hosts x 1 rank
+#   linkdown  3 hosts x 1 rank looping over 64 MiB allreduces (RINGREDUCE_TIMEOUT=5): host 2's
+#             link is taken down in the middle (scripts/cluster link 2 down); every rank must fail
+#             within the timeout + 1 s of the cut, ranks 0 and 1 naming rank 2 and rank 2 naming
+#             rank 0 or 1, and leave no descriptor or thread behind
+#   loss      3 hosts, 5% of the frames dropped each way on host 2's link (scripts/cluster loss):
+#             allreduces of every dtype and several sizes must come out right, with the drops
+#             counted and TCP seen retransmitting
 # Usage: cluster.sh CASE BUILD_DIR. Exit 77 = skipped (not root, or no network namespaces).
 set -uo pipefail
 case_name=$1
@@ -34,7 +41,12 @@ ip netns del "$probe"
 [ -z "$why" ] || { echo "skipped: this kernel cannot emulate the cluster ($why)"; exit 77; }
 
 work=$(mktemp -d)
+runner=""  # a launch running in the background, stopped (with its ranks) on the way out
 cleanup() {
+  if [ -n "$runner" ] && kill -0 "$runner" 2>/dev/null; then
+    kill -TERM "$runner"
+    wait "$runner" 2>/dev/null
+  fi
   "$cluster" down
   rm -rf "$work"
   if ip netns list | grep -q "^${CLUSTER_NAME}"; then echo "FAILED: namespaces left behind"; exit 1; fi
@@ -109,6 +121,82 @@ case "$case_name" in
     "$cluster" up 3 --rate 10gbit || fail "cluster up"
     check_run "broadcast with torchrun's variables, 3 hosts" 3 "$cluster" run --launcher torchrun \
       --timeout 120 -- "$perf" broadcast -b 4 -e 1M -f 32 -n 2 -w 1 -r 2 -d all
+    ;;
+  linkdown)
+    "$cluster" up 3 --rate 1gbit || fail "cluster up"
+    mkdir "$work/ready"
+    # Each rank marks $work/ready once its first allreduce is done: the cut comes in the loop.
+    "$cluster" run --timeout 60 --env RINGREDUCE_TIMEOUT=5 -- \
+      "$build/tests/multiprocess/netfault_rank" 64 40 "$work/ready" >"$work/out" 2>&1 &
+    runner=$!
+    for _ in $(seq 1 300); do
+      [ "$(ls "$work/ready" | wc -l)" -ge 3 ] || ! kill -0 "$runner" 2>/dev/null && break
+      sleep 0.1
+    done
+    [ "$(ls "$work/ready" | wc -l)" -ge 3 ] || { cat "$work/out"; fail "the ranks never got into their loop"; }
+    sleep 0.5
+    cut=$(date +%s.%N)
+    "$cluster" link 2 down || fail "link 2 down"
+    wait "$runner"
+    rc=$?
+    runner=""
+    grep -E "RESULT|CLEAN|WRONG" "$work/out"
+    [ $rc -eq 0 ] || { cat "$work/out"; fail "a rank did not fail, or failed wrongly (rc $rc)"; }
+    for r in 0 1 2; do
+      line=$(grep -m1 "^\[$r\] RESULT rank $r " "$work/out") || fail "no result from rank $r"
+      read -r type peer at < <(awk '{print $5, $7, $9}' <<<"$line" | tr -d :)
+      took=$(awk -v a="$at" -v c="$cut" 'BEGIN { printf "%.3f", a - c }')
+      # The rank it names: a PeerError's peer, else the last "waiting for rank N" (a notice from
+      # a neighbour quotes that neighbour's own error).
+      named=$peer
+      [ "$type" = PeerError ] || named=$(grep -o "waiting for rank [0-9]*" <<<"$line" | tail -1 | awk '{print $4}')
+      echo "rank $r: $type after ${took} s, naming rank ${named:-none}"
+      case "$type" in TimeoutError | PeerError) ;; *) fail "rank $r raised $type" ;; esac
+      awk -v t="$took" 'BEGIN { exit !(t >= 0 && t <= 6.0) }' ||
+        fail "rank $r failed ${took} s after the cut, not within the timeout (5 s) + 1 s"
+      if [ $r = 2 ]; then
+        [ "$named" = 0 ] || [ "$named" = 1 ] || fail "rank 2, cut off, must name a rank it waited on (0 or 1)"
+      else
+        [ "$named" = 2 ] || fail "rank $r must name rank 2, the unreachable one"
+      fi
+      grep -q "^\[$r\] CLEAN rank $r fds \([0-9]*\) -> \1 threads \([0-9]*\) -> \2 " "$work/out" ||
+        fail "rank $r left descriptors or threads behind"
+    done
+    echo "ok: a link down in the middle of allreduces fails every rank naming the right one in time"
+    ;;
+  loss)
+    command -v nft >/dev/null || { echo "skipped: needs nftables (nft)"; exit 77; }
+    # What scripts/cluster loss needs from the kernel: nftables on bridged frames, numgen.
+    ip netns add "$probe" || fail "ip netns add"
+    printf '%s\n' "table bridge t { chain c { type filter hook forward priority 0; numgen random mod 100 < 5 drop; }; }" |
+      ip netns exec "$probe" nft -f - 2>/dev/null
+    ok=$?
+    ip netns del "$probe"
+    [ $ok = 0 ] || { echo "skipped: this kernel cannot drop bridged frames with nftables (bridge family, numgen)"; exit 77; }
+    "$cluster" up 3 --rate 1gbit || fail "cluster up"
+    "$cluster" loss 2 5 || fail "cluster loss 2 5"
+    # Every dtype by recursive doubling (4 B, 512 B) and the ring (64 KiB), then float at 256 KiB
+    # and 1 MiB (hundreds of frames per link each way). Loss costs TCP retransmission timeouts
+    # (200 ms at least; a 1 MiB allreduce takes seconds), which is why this is small.
+    check_run "allreduce, every dtype, 4 B-64 KiB, 5% loss on host 2's link" 3 "$cluster" run --timeout 60 -- \
+      "$perf" allreduce -b 4 -e 64K -f 128 -n 1 -w 0 -d all
+    check_run "allreduce, float, 256 KiB and 1 MiB, 5% loss on host 2's link" 3 "$cluster" run --timeout 45 -- \
+      "$perf" allreduce -b 256K -e 1M -f 4 -n 1 -w 0 -d float
+    stats=$("$cluster" status | grep "${CLUSTER_NAME}h2:")
+    echo "$stats"
+    # ", loss 5%: dropped A of B frames from it, C of D to it": both ways near 5%.
+    read -r a b c d < <(sed 's/.*dropped \([0-9]*\) of \([0-9]*\) frames from it, \([0-9]*\) of \([0-9]*\) to it.*/\1 \2 \3 \4/' <<<"$stats")
+    awk -v a="$a" -v b="$b" -v c="$c" -v d="$d" 'BEGIN {
+      printf "measured loss: %.2f%% of %d frames from host 2, %.2f%% of %d to it\n", 100*a/b, b, 100*c/d, d
+      exit !(b >= 2000 && d >= 2000 && a/b > 0.035 && a/b < 0.065 && c/d > 0.035 && c/d < 0.065) }' ||
+      fail "the link did not lose about 5% of its frames each way"
+    retrans=0
+    for h in 1 2; do
+      n=$(ip netns exec "${CLUSTER_NAME}h$h" nstat -asz TcpRetransSegs | awk '$1 == "TcpRetransSegs" {print $2}')
+      echo "host $h: TCP retransmitted ${n:-0} segments"
+      retrans=$((retrans + ${n:-0}))
+    done
+    [ "$retrans" -gt 0 ] || fail "no TCP retransmission across the lossy link"
     ;;
   *) echo "unknown case $case_name"; exit 2 ;;
 esac

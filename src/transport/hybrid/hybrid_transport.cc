@@ -71,6 +71,8 @@ void HybridTransport::wait(Completion& c, const core::Deadline& deadline) {
 }
 
 void HybridTransport::throw_timeout() {
+  // A host that acknowledges nothing explains the wait better than the peer waited on.
+  if (std::string text = tcp_->unreachable_text(); !text.empty()) throw TimeoutError(text);
   bool sending = false;
   int q = shm_->stuck_peer(&sending);
   if (q < 0 || sending) {

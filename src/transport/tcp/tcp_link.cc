@@ -1,6 +1,8 @@
 #include "transport/tcp/tcp_link.h"
 
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -42,6 +44,17 @@ void TcpLink::peer_failed(const std::string& what, int err) {
   std::string msg = "peer rank " + std::to_string(peer_) + " " + what;
   if (err != 0) msg += std::string(" (") + strerror(err) + ")";
   throw PeerError(msg, peer_);
+}
+
+int64_t TcpLink::unanswered_ms() const {
+  tcp_info ti{};
+  socklen_t len = sizeof ti;
+  if (getsockopt(fd_.get(), IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) return 0;
+  // tcpi_retransmits counts retransmission timeouts in a row without an acknowledgement in
+  // between, tcpi_probes unanswered zero-window probes; either says that bytes or probes are
+  // waiting for the peer, so that the time since its last acknowledgement is its silence.
+  if (ti.tcpi_retransmits == 0 && ti.tcpi_probes == 0) return 0;
+  return ti.tcpi_last_ack_recv;
 }
 
 uint32_t TcpLink::wanted_events() const {

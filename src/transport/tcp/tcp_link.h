@@ -53,6 +53,12 @@ class TcpLink final : public Link {
   // communicator. True once there is nothing more to learn (notice read, stream ended or corrupt).
   bool salvage_notice();
   bool has_pending_send() const { return !sends_.empty(); }
+  // Milliseconds since the peer's host last acknowledged anything, while the kernel is
+  // retransmitting our data or probing a closed window to it; 0 otherwise (a quiet peer with
+  // nothing of ours outstanding may simply have nothing to say). A live host acknowledges within
+  // a round trip even when its process is stopped, so a long silence here means the network to
+  // it, or the host itself, is down: the rank a timed-out wait should name.
+  int64_t unanswered_ms() const;
   // Events this link wants from epoll now (EPOLLIN and/or EPOLLOUT).
   uint32_t wanted_events() const;
   uint32_t registered_events = 0;  // what epoll currently has; maintained by the transport

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 
 #include "core/log.h"
@@ -412,6 +413,30 @@ int TcpTransport::stuck_peer(bool* sending) const {
   return -1;
 }
 
+int TcpTransport::unreachable_peer(int64_t* ms) const {
+  // A live host acknowledges within a round trip, its process stopped or not, and retransmits
+  // over a lossy link are answered within a few hundred ms: a second is far beyond either.
+  constexpr int64_t kUnreachableMs = 1000;
+  int q = -1;
+  *ms = 0;
+  for (const auto& l : links_) {
+    if (!l) continue;
+    const int64_t silent = l->unanswered_ms();
+    if (silent >= kUnreachableMs && silent > *ms) *ms = silent, q = l->peer();
+  }
+  return q;
+}
+
+std::string TcpTransport::unreachable_text() const {
+  int64_t ms = 0;
+  const int q = unreachable_peer(&ms);
+  if (q < 0) return {};
+  char secs[32];
+  std::snprintf(secs, sizeof secs, "%.1f", static_cast<double>(ms) / 1000.0);
+  return "timed out waiting for rank " + std::to_string(q) +
+         ": its host has acknowledged nothing for " + secs + " s (is the network to it down?)";
+}
+
 void TcpTransport::wait(Completion& c, const core::Deadline& deadline) {
   using namespace std::chrono;
   const auto spin_until = core::Clock::now() + microseconds(opts_.spin_us);
@@ -433,6 +458,7 @@ void TcpTransport::wait(Completion& c, const core::Deadline& deadline) {
 }
 
 void TcpTransport::throw_timeout(const core::Deadline&) {
+  if (std::string text = unreachable_text(); !text.empty()) throw TimeoutError(text);
   bool sending = false;
   const int q = stuck_peer(&sending);
   if (q < 0) throw TimeoutError("timed out");

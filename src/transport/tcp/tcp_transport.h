@@ -81,6 +81,12 @@ class TcpTransport final : public Transport {
   void throw_if_notice();
   // The peer a timed-out wait is pinned on (a pending receive first), or -1.
   int stuck_peer(bool* sending) const;
+  // The peer whose host has left our bytes unacknowledged longest, for at least a second, or -1;
+  // *ms: for how long. Such a peer is unreachable, and is the one to name: the other peers this
+  // rank waits for may only be waiting on it in turn.
+  int unreachable_peer(int64_t* ms) const;
+  // "timed out waiting for rank Q: its host has acknowledged nothing for S s (...)", or empty.
+  std::string unreachable_text() const;
 
  private:
   void connect_mesh(const core::Config& config, Store& store, const core::Deadline& deadline);
