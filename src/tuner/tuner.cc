@@ -188,6 +188,9 @@ size_t Tuner::size_class(size_t bytes) {
 
 size_t Tuner::class_bytes(size_t cls) {
   if (cls < 4) return cls;
+  // size_class() never gives 4..7 (4..7 bytes are classes 8..11); their table entries are filled
+  // anyway, as 4 bytes, since the formula below would shift by e - 2 = -1.
+  if (cls < 8) return 4;
   const size_t e = cls / 4;
   return (4 + cls % 4) << (e - 2);
 }

@@ -280,12 +280,14 @@ bool ShmLink::progress(bool stage) {
     op.done += n;
     op.started = true;
     any = true;
+    // Read before pop_front() frees op.
+    ShmLink* const staged_to = direct ? nullptr : op.next;
     if (op.done == op.bytes) {
       --op.c->outstanding;
       recvs_.pop_front();
     }
     // Staged bytes go out as soon as next has room.
-    if (!direct && op.next) op.next->progress_sends();
+    if (staged_to != nullptr) staged_to->progress_sends();
   }
   if (!any) check_gone();
   return any;
