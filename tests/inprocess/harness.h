@@ -4,9 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -93,6 +95,36 @@ inline const std::vector<ReduceOp>& all_ops() {
   static const std::vector<ReduceOp> v = {ReduceOp::sum, ReduceOp::prod, ReduceOp::min,
                                           ReduceOp::max, ReduceOp::avg};
   return v;
+}
+
+// ---- the size of the matrix ------------------------------------------------------------------
+
+// RR_TEST_MATRIX=small (scripts/sanitize, where every memory access costs several times more): the
+// same tests and code paths over fewer combinations. Each test says what it drops through
+// ranks_in_matrix() and in_matrix(); the normal matrix is the full one.
+inline bool small_matrix() {
+  static const bool small = [] {
+    const char* v = std::getenv("RR_TEST_MATRIX");
+    return v != nullptr && std::string(v) == "small";
+  }();
+  return small;
+}
+
+// `full` normally, `small` under RR_TEST_MATRIX=small.
+inline std::vector<int> ranks_in_matrix(std::vector<int> full, std::vector<int> small) {
+  return small_matrix() ? small : full;
+}
+
+// Whether the (dtype, op) pair runs at this count. Small counts run every pair; a large count
+// (the multi-segment, multi-round paths, which dominate the time) runs, in the small matrix, one
+// op per dtype: dtype i with op i mod 5, so every dtype and every op still goes through them.
+inline bool in_matrix(DataType t, ReduceOp op, bool large) {
+  if (!large || !small_matrix()) return true;
+  const auto& ts = all_dtypes();
+  const auto& ops = all_ops();
+  const auto ti = static_cast<size_t>(std::find(ts.begin(), ts.end(), t) - ts.begin());
+  const auto oi = static_cast<size_t>(std::find(ops.begin(), ops.end(), op) - ops.begin());
+  return ti % ops.size() == oi;
 }
 
 }  // namespace rrtest
