@@ -6,7 +6,6 @@
 // it got the error the issue asks for, in time, and the communicator left nothing behind.
 //
 //   fault_rank kill|stop VICTIM COLLECTIVE TIMEOUT_S
-#include <dirent.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -18,26 +17,13 @@
 #include <thread>
 #include <vector>
 
+#include "proc_self.h"
 #include "ringreduce/ringreduce.hpp"
 
 namespace {
 
 using namespace ringreduce;
 using SysClock = std::chrono::system_clock;
-
-int count_entries(const char* dir) {
-  int n = 0;
-  if (DIR* d = opendir(dir)) {
-    while (dirent* e = readdir(d))
-      if (e->d_name[0] != '.') ++n;
-    closedir(d);
-  }
-  return n - (std::strcmp(dir, "/proc/self/fd") == 0 ? 1 : 0);  // opendir's own descriptor
-}
-
-double now_s() {
-  return std::chrono::duration<double>(SysClock::now().time_since_epoch()).count();
-}
 
 // One call of `coll` on buffers big enough that a call takes milliseconds.
 void one_call(Communicator& comm, const std::string& coll, std::vector<float>& a,
@@ -72,8 +58,8 @@ int main(int argc, char** argv) {
   const int victim = std::atoi(argv[2]);
   const std::string coll = argv[3];
   const double timeout_s = std::atof(argv[4]);
-  const int fds_before = count_entries("/proc/self/fd");
-  const int threads_before = count_entries("/proc/self/task");
+  const int fds_before = rrtest::open_fds();
+  const int threads_before = rrtest::thread_count();
   int rank = -1;
   std::string type = "none", message;
   int peer = -1;
@@ -87,7 +73,7 @@ int main(int argc, char** argv) {
     std::vector<float> a(count * static_cast<size_t>(comm.size()), 1.0f), b(a.size());
     one_call(comm, coll, a, b, count);  // everyone is connected and running
     // The moment of the fault, agreed through rank 0's clock (one machine, one clock).
-    double at = now_s() + 0.3;
+    double at = rrtest::wall_seconds() + 0.3;
     comm.broadcast(&at, 1, DataType::f64, 0);
     fault_at = at;
     if (rank == victim) {
@@ -99,7 +85,8 @@ int main(int argc, char** argv) {
     }
     try {
       // Bounded: the fault comes 0.3 s in; 30 s of calls is far beyond any deadline here.
-      for (int i = 0; i < 1000000 && now_s() < at + 30; ++i) one_call(comm, coll, a, b, count);
+      for (int i = 0; i < 1000000 && rrtest::wall_seconds() < at + 30; ++i)
+        one_call(comm, coll, a, b, count);
       type = "none";
     } catch (const MismatchError& e) {
       type = "MismatchError", message = e.what();
@@ -110,11 +97,11 @@ int main(int argc, char** argv) {
     } catch (const Error& e) {
       type = "Error", message = e.what();
     }
-    failed_at = now_s();
+    failed_at = rrtest::wall_seconds();
     if (rank == victim) return 3;  // a stopped victim resumed: the test kills it, never this
   }
-  const int fds_after = count_entries("/proc/self/fd");
-  const int threads_after = count_entries("/proc/self/task");
+  const int fds_after = rrtest::open_fds();
+  const int threads_after = rrtest::thread_count();
   const double took = failed_at - fault_at;
   std::printf("RESULT rank %d %s peer %d after %.3f s: %s\n", rank, type.c_str(), peer, took,
               message.c_str());

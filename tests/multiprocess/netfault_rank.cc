@@ -11,7 +11,6 @@
 // Error (the test judges which), 1 when LIMIT_S passed without one or a result was wrong.
 //
 //   netfault_rank MIB LIMIT_S READY_DIR
-#include <dirent.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -23,25 +22,12 @@
 #include <string>
 #include <vector>
 
+#include "proc_self.h"
 #include "ringreduce/ringreduce.hpp"
 
 namespace {
 
 using namespace ringreduce;
-
-int count_entries(const char* dir) {
-  int n = 0;
-  if (DIR* d = opendir(dir)) {
-    while (dirent* e = readdir(d))
-      if (e->d_name[0] != '.') ++n;
-    closedir(d);
-  }
-  return n - (std::strcmp(dir, "/proc/self/fd") == 0 ? 1 : 0);  // opendir's own descriptor
-}
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
 
 }  // namespace
 
@@ -53,8 +39,8 @@ int main(int argc, char** argv) {
   const size_t count = static_cast<size_t>(std::atof(argv[1]) * (1 << 20)) / sizeof(float);
   const double limit_s = std::atof(argv[2]);
   const std::string ready_dir = argv[3];
-  const int fds_before = count_entries("/proc/self/fd");
-  const int threads_before = count_entries("/proc/self/task");
+  const int fds_before = rrtest::open_fds();
+  const int threads_before = rrtest::thread_count();
   int rank = -1, peer = -1, calls = 0;
   std::string type = "none", message;
   double failed_at = 0;
@@ -67,9 +53,9 @@ int main(int argc, char** argv) {
     // Rank r contributes r + 1 everywhere: every element of the sum is n(n+1)/2, exactly.
     std::vector<float> in(count, static_cast<float>(rank + 1)), out(count);
     const float want = static_cast<float>(n * (n + 1) / 2);
-    const double end = now_s() + limit_s;
+    const double end = rrtest::wall_seconds() + limit_s;
     try {
-      for (; now_s() < end; ++calls) {
+      for (; rrtest::wall_seconds() < end; ++calls) {
         comm.allreduce(in.data(), out.data(), count, DataType::f32, ReduceOp::sum);
         for (size_t i = 0; i < count; i += 4099)
           if (out[i] != want) {
@@ -94,14 +80,14 @@ int main(int argc, char** argv) {
     } catch (const Error& e) {
       type = "Error", message = e.what();
     }
-    failed_at = now_s();
+    failed_at = rrtest::wall_seconds();
   }
-  const double destroyed_at = now_s();
+  const double destroyed_at = rrtest::wall_seconds();
   std::printf("RESULT rank %d %s peer %d at %.3f: %s\n", rank, type.c_str(), peer, failed_at,
               message.c_str());
   std::printf("CLEAN rank %d fds %d -> %d threads %d -> %d destroy %.3f s calls %d\n", rank,
-              fds_before, count_entries("/proc/self/fd"), threads_before,
-              count_entries("/proc/self/task"), destroyed_at - failed_at, calls);
+              fds_before, rrtest::open_fds(), threads_before, rrtest::thread_count(),
+              destroyed_at - failed_at, calls);
   std::fflush(stdout);
   return type != "none" && !wrong ? 0 : 1;
 }
