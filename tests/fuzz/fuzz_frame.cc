@@ -14,8 +14,8 @@ namespace {
 
 using namespace ringreduce::transport::tcp;
 
-#define CHECK(cond)                 \
-  do {                              \
+#define CHECK(cond)                \
+  do {                             \
     if (!(cond)) __builtin_trap(); \
   } while (0)
 

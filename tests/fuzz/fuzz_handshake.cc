@@ -16,8 +16,8 @@ namespace {
 using namespace ringreduce::transport::tcp;
 namespace auth = ringreduce::core::auth;
 
-#define CHECK(cond)                 \
-  do {                              \
+#define CHECK(cond)                \
+  do {                             \
     if (!(cond)) __builtin_trap(); \
   } while (0)
 
@@ -77,17 +77,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     mine.world_size = f.expect.size;
     mine.channel = h.channel;
     const auto answer = acceptor_hello(r, mine, f.expect.token, f.expect.nonce);
-    CHECK(check_acceptor_hello(answer.data(), answer.size(), f.sent, f.expect.rank,
-                               f.expect.token, f.expect.nonce, f.connector_nonce)
+    CHECK(check_acceptor_hello(answer.data(), answer.size(), f.sent, f.expect.rank, f.expect.token,
+                               f.expect.nonce, f.connector_nonce)
               .empty());
   } else if (r.state() == HelloReader::State::rejected) {
     CHECK(!r.why().empty());
   }
   // The connector's side: the input as an answer from rank 1 must not pass unless it is real.
   if (size >= acceptor_hello_bytes(f.expect.token)) {
-    const std::string bad = check_acceptor_hello(data, acceptor_hello_bytes(f.expect.token),
-                                                 f.sent, f.expect.rank, f.expect.token,
-                                                 f.expect.nonce, f.connector_nonce);
+    const std::string bad =
+        check_acceptor_hello(data, acceptor_hello_bytes(f.expect.token), f.sent, f.expect.rank,
+                             f.expect.token, f.expect.nonce, f.connector_nonce);
     CHECK(!bad.empty());
   }
   return 0;
