@@ -33,12 +33,12 @@
 // number of ops; the first op of each kind is of the largest size, so the library's scratch
 // buffer (CommImpl::scratch, kept at the largest size ever asked for) is allocated at its
 // high-water mark too. Heap in use (mallinfo2: bytes in allocated chunks, whatever RSS the
-// allocator keeps) then stays flat: measured +2 to +9 KiB over 5,000 and 50,000 ops alike.
+// allocator keeps) then stays flat: measured -1 to +11 KiB over 5,000 and 50,000 ops alike.
 // Bound +256 KiB: a leak of 64 bytes per op shows after 4,500 ops. RSS still grows a little,
 // legitimately and boundedly: the scratch buffer is touched only as far as ops write into it
 // (on shared memory most ops never do), so its pages become resident slowly, up to --max-bytes;
 // shared-memory FIFO pages are touched for the first time (KiB); and malloc keeps freed memory.
-// Measured: +0 to +3.1 MiB after 5,000 ops, flat after ~10,000 (smaps: the 4 MiB scratch
+// Measured: +0 to +3.6 MiB after 5,000 ops, flat after ~10,000 (smaps: the 4 MiB scratch
 // mapping). Bound: +8 MiB or twice --max-bytes, whichever is larger; 8 MiB over 4,500 ops is a
 // leak of about 2 KiB per op.
 #include <dirent.h>
