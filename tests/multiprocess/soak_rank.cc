@@ -41,7 +41,6 @@
 // Measured: +0 to +3.6 MiB after 5,000 ops, flat after ~10,000 (smaps: the 4 MiB scratch
 // mapping). Bound: +8 MiB or twice --max-bytes, whichever is larger; 8 MiB over 4,500 ops is a
 // leak of about 2 KiB per op.
-#include <dirent.h>
 #include <malloc.h>
 #include <sched.h>
 #include <sys/mman.h>
@@ -62,6 +61,7 @@
 #include <vector>
 
 #include "../../tools/exact_data.h"
+#include "proc_self.h"
 #include "ringreduce/ringreduce.hpp"
 
 namespace {
@@ -71,16 +71,6 @@ using Clock = std::chrono::steady_clock;
 using exact::kPeriod;
 
 // ---- the process's resources --------------------------------------------------------------------
-
-size_t count_entries(const char* dir) {
-  size_t n = 0;
-  if (DIR* d = opendir(dir)) {
-    while (dirent* e = readdir(d))
-      if (e->d_name[0] != '.') ++n;
-    closedir(d);
-  }
-  return n - (std::strcmp(dir, "/proc/self/fd") == 0 ? 1 : 0);  // opendir's own descriptor
-}
 
 size_t rss_bytes() {
   FILE* f = std::fopen("/proc/self/statm", "r");
@@ -119,8 +109,8 @@ struct Snapshot {
   size_t fds = 0, threads = 0, rss = 0, heap = 0;
   RssParts parts;
   static Snapshot take() {
-    return {count_entries("/proc/self/fd"), count_entries("/proc/self/task"), rss_bytes(),
-            heap_in_use(), rss_parts()};
+    return {static_cast<size_t>(rrtest::open_fds()), static_cast<size_t>(rrtest::thread_count()),
+            rss_bytes(), heap_in_use(), rss_parts()};
   }
 };
 
