@@ -429,16 +429,7 @@ TEST(Comm, EveryForcedAlgorithmReportsAMismatchOnEveryRank) {
       threads.emplace_back([&, r] {
         auto start = Clock::now();
         try {
-          ringreduce::Options o;
-          o.rank = r;
-          o.world_size = 4;
-          o.store = store;
-          o.timeout = 10s;
-          o.settings = settings;
-          if (o.settings.count("TEST_HOSTS")) {
-            o.settings["RINGREDUCE_HOST_ID"] = "h" + std::to_string(r % 2);
-            o.settings.erase("TEST_HOSTS");
-          }
+          const ringreduce::Options o = rank_options(r, 4, store, 10s, settings);
           // Inside the try: a rank still finishing its start-up (rank 0 passes the measured
           // costs around last) may hear of the others' mismatch there, and must report it too.
           Communicator comm(o);
@@ -776,13 +767,7 @@ std::vector<std::string> start_ranks(
   for (int r = 0; r < size; ++r)
     threads.emplace_back([&, r] {
       try {
-        ringreduce::Options o;
-        o.rank = r;
-        o.world_size = size;
-        o.store = store;
-        o.timeout = timeout;
-        o.settings = settings[static_cast<size_t>(r)];
-        Communicator comm(o);
+        Communicator comm(rank_options(r, size, store, timeout, settings[static_cast<size_t>(r)]));
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(r)] = e.what();
       }

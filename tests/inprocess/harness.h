@@ -30,6 +30,27 @@ inline std::string unique_prefix() {
   return "test" + std::to_string(n.fetch_add(1));
 }
 
+// Rank r's Options for an in-process job over `store`. "TEST_HOSTS" in settings: K emulates K
+// hosts, rank r on host r mod K (interleaved, so the ring must reorder ranks by host): ranks of
+// one host share memory, the others talk TCP.
+inline ringreduce::Options rank_options(int r, int size, std::shared_ptr<ringreduce::Store> store,
+                                        std::chrono::milliseconds timeout,
+                                        std::map<std::string, std::string> settings,
+                                        const std::string& prefix = "rr") {
+  ringreduce::Options o;
+  o.rank = r;
+  o.world_size = size;
+  o.store = std::move(store);
+  o.store_prefix = prefix;
+  o.timeout = timeout;
+  o.settings = std::move(settings);
+  if (auto it = o.settings.find("TEST_HOSTS"); it != o.settings.end()) {
+    o.settings["RINGREDUCE_HOST_ID"] = "emulated-host-" + std::to_string(r % std::stoi(it->second));
+    o.settings.erase("TEST_HOSTS");
+  }
+  return o;
+}
+
 // Runs body(comm) on `size` threads, one communicator each; rethrows the first failure after
 // every thread has finished (threads are always joined).
 // `per_rank` may adjust each rank's settings (e.g. RINGREDUCE_HOST_ID to emulate hosts).
@@ -45,20 +66,7 @@ inline void run_ranks(
   for (int r = 0; r < size; ++r) {
     threads.emplace_back([&, r] {
       try {
-        ringreduce::Options o;
-        o.rank = r;
-        o.world_size = size;
-        o.store = store;
-        o.store_prefix = prefix;
-        o.timeout = timeout;
-        o.settings = settings;
-        // "TEST_HOSTS": K emulates K hosts, rank r on host r mod K (interleaved, so the ring must
-        // reorder ranks by host): ranks of one host share memory, the others talk TCP.
-        if (auto it = o.settings.find("TEST_HOSTS"); it != o.settings.end()) {
-          o.settings["RINGREDUCE_HOST_ID"] =
-              "emulated-host-" + std::to_string(r % std::stoi(it->second));
-          o.settings.erase("TEST_HOSTS");
-        }
+        ringreduce::Options o = rank_options(r, size, store, timeout, settings, prefix);
         if (per_rank) per_rank(r, o.settings);
         ringreduce::Communicator comm(o);
         body(comm);
