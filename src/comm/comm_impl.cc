@@ -118,6 +118,7 @@ void CommImpl::init(const Options& options) {
 
   std::string store_host;
   int local_size = -1;
+  const std::string token = config_.str("RINGREDUCE_TOKEN");
   // Where the stall monitor gets its own store client (TCP launches), or the store to share.
   std::function<std::shared_ptr<Store>()> stall_store;
   if (options.store) {
@@ -147,16 +148,15 @@ void CommImpl::init(const Options& options) {
     if (rank_ == 0 && config_.str("RINGREDUCE_STORE_SERVER") != "0") {
       // Rank 0 hosts the store on the address it was given, so it is reachable where the others
       // will look for it.
-      store_server_ = std::make_unique<rendezvous::TcpStoreServer>(
-          launch.store_host, launch.store_port, config_.str("RINGREDUCE_TOKEN"));
+      store_server_ =
+          std::make_unique<rendezvous::TcpStoreServer>(launch.store_host, launch.store_port, token);
     }
-    auto tcp = rendezvous::connect_tcp_store(launch.store_host, launch.store_port, timeout_,
-                                             config_.str("RINGREDUCE_TOKEN"));
+    auto tcp = rendezvous::connect_tcp_store(launch.store_host, launch.store_port, timeout_, token);
     store_ = std::make_shared<PrefixStore>(tcp, options.store_prefix);
     // A client of its own with a short timeout: when the store's host is stuck, a stall report
     // must fail fast, not hold up the communicator's destruction for RINGREDUCE_TIMEOUT.
     stall_store = [host = launch.store_host, port = launch.store_port,
-                   prefix = options.store_prefix, token = config_.str("RINGREDUCE_TOKEN"),
+                   prefix = options.store_prefix, token,
                    t = std::min(timeout_, std::chrono::milliseconds(5000))] {
       return std::make_shared<PrefixStore>(rendezvous::connect_tcp_store(host, port, t, token),
                                            prefix);
@@ -229,7 +229,7 @@ void CommImpl::init(const Options& options) {
     sopts.yield_while_spinning = oversubscribed;
     sopts.max_idle_yields = oversubscribed ? max_idle_yields : sopts.max_idle_yields;
     sopts.local_ranks = std::move(locals);
-    sopts.token = config_.str("RINGREDUCE_TOKEN");
+    sopts.token = token;
     return std::make_unique<transport::shm::ShmTransport>(sopts, *store_, deadline);
   };
   auto make_tcp = [&](std::vector<int> peers, bool striped) {
