@@ -12,6 +12,8 @@
 
 #include <chrono>
 #include <cstddef>
+#include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -46,6 +48,12 @@ class Work {
   // Never blocks: whether the op has completed (throws its error if it failed).
   bool test();
   bool valid() const { return state_ != nullptr; }
+  // Calls fn(error) once when the op has completed (error null on success): at once, in this
+  // thread, if it already has; else in the thread that completes it (the progress thread, a
+  // waiter driving it, or abort()). For bindings whose own futures must complete without anyone
+  // waiting (torch's Work::getFuture). fn must not block on this communicator's ops. One
+  // callback per op; a second replaces the first if it has not run yet.
+  void then(std::function<void(std::exception_ptr)> fn);
   // The plan the tuner chose for this op, e.g. "ring seg=512K ch=1".
   std::string algorithm() const;
 

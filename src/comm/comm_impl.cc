@@ -609,7 +609,8 @@ CommImpl::~CommImpl() {
   }
   if (progress_thread_.joinable()) progress_thread_.join();
   // Ops nobody will run any more fail, so that their Work returns instead of waiting forever.
-  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<std::shared_ptr<OpState>> failed;
+  std::unique_lock<std::mutex> lk(mu_);
   if (!queue_.empty()) {
     const std::string msg = "rank " + std::to_string(rank_) + ": communicator destroyed with " +
                             std::to_string(queue_.size()) + " op(s) pending";
@@ -617,12 +618,15 @@ CommImpl::~CommImpl() {
     for (auto& op : queue_) {
       op->error = err;
       op->finished.store(true);
+      failed.push_back(op);
     }
     queue_.clear();
     // The peers are waiting for those ops: tell them why they will not happen.
     if (!driving_) transport_->abort(static_cast<int>(ErrorCode::aborted), -1, msg);
     done_cv_.notify_all();
   }
+  lk.unlock();
+  for (auto& op : failed) fire_callback(*op);
 }
 
 std::string CommImpl::describe(const transport::OpTag& t) const {
@@ -731,11 +735,13 @@ std::shared_ptr<OpState> CommImpl::submit(const algorithms::Args& args, const Ca
   } catch (...) {
     op->error = std::current_exception();
     op->finished.store(true);
+    op->fired = true;  // nobody else has op yet: a later then() runs at once
     return op;
   }
   if (aborted_.load()) {
     op->error = abort_error_;
     op->finished.store(true);
+    op->fired = true;
     return op;
   }
   queue_.push_back(op);
@@ -908,11 +914,30 @@ std::exception_ptr CommImpl::execute(OpState& op) {
 }
 
 void CommImpl::finish(OpState& op, std::exception_ptr error) {
-  std::lock_guard<std::mutex> lk(mu_);
-  op.error = error;
-  op.finished.store(true);
-  if (!queue_.empty() && queue_.front().get() == &op) queue_.pop_front();
-  if (waiters_ > 0) done_cv_.notify_all();
+  std::shared_ptr<OpState> keep;  // op lives until its callback has run
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    op.error = error;
+    op.finished.store(true);
+    if (!queue_.empty() && queue_.front().get() == &op) {
+      keep = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    if (waiters_ > 0) done_cv_.notify_all();
+  }
+  // Outside mu_: a callback may issue the next op (a torch future's continuation does).
+  fire_callback(op);
+}
+
+void fire_callback(OpState& op) {
+  std::function<void(std::exception_ptr)> fn;
+  {
+    std::lock_guard<std::mutex> lk(op.callback_mu);
+    if (op.fired) return;
+    op.fired = true;
+    fn = std::move(op.callback);
+  }
+  if (fn) fn(op.error);
 }
 
 void CommImpl::progress_loop() {
@@ -939,10 +964,12 @@ void CommImpl::abort(const std::string& reason) {
   // Queued ops that have not started fail now; the running one is interrupted and fails when
   // its driver notices (the transport wakes it).
   std::shared_ptr<OpState> running = driving_ && !queue_.empty() ? queue_.front() : nullptr;
+  std::vector<std::shared_ptr<OpState>> failed;
   for (auto& op : queue_) {
     if (op == running) continue;
     op->error = abort_error_;
     op->finished.store(true);
+    failed.push_back(op);
   }
   queue_.clear();
   if (running) queue_.push_back(running);
@@ -956,6 +983,8 @@ void CommImpl::abort(const std::string& reason) {
     release_driver();
   }
   done_cv_.notify_all();
+  lk.unlock();
+  for (auto& op : failed) fire_callback(*op);
 }
 
 void CommImpl::ring_order(const std::vector<std::string>& hosts) {

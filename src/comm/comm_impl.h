@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -42,7 +43,16 @@ struct OpState {
   // Guarded by CommImpl::mu_; `finished` may be read without it.
   std::atomic<bool> finished{false};
   std::exception_ptr error;
+  // Work::then's callback. Its own lock, not CommImpl::mu_: then() may be called after the
+  // communicator is gone. `fired`: the completer has taken (or found no) callback; set once,
+  // after `finished`.
+  std::mutex callback_mu;
+  std::function<void(std::exception_ptr)> callback;
+  bool fired = false;
 };
+
+// Runs op's then() callback, if any, once; called without CommImpl::mu_ after op finished.
+void fire_callback(OpState& op);
 
 class CommImpl {
  public:

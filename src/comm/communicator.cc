@@ -33,6 +33,18 @@ bool Work::test() {
   return wait(std::chrono::milliseconds(0));
 }
 
+void Work::then(std::function<void(std::exception_ptr)> fn) {
+  if (!state_) throw InvalidArgument("then() on an empty Work");
+  {
+    std::lock_guard<std::mutex> lk(state_->callback_mu);
+    if (!state_->fired) {
+      state_->callback = std::move(fn);
+      return;
+    }
+  }
+  fn(state_->error);
+}
+
 std::string Work::algorithm() const {
   if (!state_ || !state_->plan.algorithm) return "";
   const size_t seg = state_->plan.segment_bytes;

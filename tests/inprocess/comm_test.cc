@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <future>
 #include <numeric>
 #include <thread>
 
@@ -895,6 +896,47 @@ TEST(Comm, CApiReportsErrorsWithoutExceptions) {
   EXPECT_EQ(rr_comm_init(&none, 5, 2, "127.0.0.1:1", nullptr, 1), RR_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(rr_last_error(nullptr)).find("RINGREDUCE_RANK"), std::string::npos)
       << rr_last_error(nullptr);
+}
+
+
+// Work::then (what the torch backend completes its futures with): called once, with the op's
+// result, whether the op completes later in the progress thread, has already completed, or is
+// failed by abort() while queued.
+TEST(Comm, ThenCallsBackOnceOnSuccessAfterCompletionAndOnAbort) {
+  run_ranks(2, [](Communicator& comm) {
+    std::vector<float> buf(1 << 16, 1.0f);
+    std::atomic<int> calls{0};
+    std::promise<bool> ok;
+    ringreduce::Work w = comm.allreduce_async(std::span<float>(buf), ReduceOp::sum);
+    w.then([&](std::exception_ptr e) {
+      ++calls;
+      ok.set_value(e == nullptr);
+    });
+    // Nobody waits on w: the progress thread completes it and calls back.
+    auto f = ok.get_future();
+    ASSERT_EQ(f.wait_for(10s), std::future_status::ready);
+    EXPECT_TRUE(f.get());
+    EXPECT_EQ(buf[0], 2.0f);
+    w.wait();
+    EXPECT_EQ(calls.load(), 1);
+
+    bool ran_here = false;
+    w.then([&](std::exception_ptr e) { ran_here = e == nullptr; });  // already complete: at once
+    EXPECT_TRUE(ran_here);
+
+    if (comm.rank() == 1) return;  // rank 0's next ops wait for a peer that never comes
+    std::atomic<int> failed{0};
+    ringreduce::Work b1 = comm.barrier_async();
+    ringreduce::Work b2 = comm.barrier_async();
+    for (auto* b : {&b1, &b2})
+      b->then([&](std::exception_ptr e) {
+        if (e) ++failed;
+      });
+    std::this_thread::sleep_for(100ms);
+    comm.abort("then test");
+    for (int i = 0; i < 200 && failed.load() < 2; ++i) std::this_thread::sleep_for(10ms);
+    EXPECT_EQ(failed.load(), 2);
+  });
 }
 
 }  // namespace
