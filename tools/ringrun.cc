@@ -20,13 +20,16 @@
 //    included), so there is no async handler at all and every wake-up comes from one poll().
 //  * Every wait is bounded: grace before SIGKILL, a limit on how long SIGKILLed ranks may take to
 //    vanish, and a limit on draining output that descendants keep open after the ranks exited.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -75,7 +78,9 @@ const char kUsage[] =
     "\n"
     "Starts N local ranks of program and hosts their rendezvous store on 127.0.0.1.\n"
     "Each rank gets RINGREDUCE_RANK, RINGREDUCE_WORLD_SIZE, RINGREDUCE_LOCAL_RANK,\n"
-    "RINGREDUCE_LOCAL_SIZE, RINGREDUCE_ADDR=127.0.0.1:PORT and RINGREDUCE_STORE_SERVER=0;\n"
+    "RINGREDUCE_LOCAL_SIZE, RINGREDUCE_ADDR=127.0.0.1:PORT and RINGREDUCE_STORE_SERVER=0,\n"
+    "and torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1\n"
+    "and MASTER_PORT (a free port unless set), for torch.distributed's env:// rendezvous;\n"
     "its output lines are prefixed with \"[rank] \". Stdin of every rank is /dev/null.\n"
     "With RINGREDUCE_TOKEN set, the store serves only ranks that prove they hold it\n"
     "(the ranks inherit it).\n"
@@ -349,10 +354,37 @@ std::optional<std::string> resolve_program(const std::string& program, int* stat
 }
 
 // Every variable ringrun sets; inherited copies are dropped so the ranks see exactly one of each.
+// The second line is torchrun's set, so that torch.distributed.init_process_group() (any
+// backend) works under ringrun as under torchrun; MASTER_PORT is kept if the user set it.
 const char* const kOwnVariables[] = {
-    "RINGREDUCE_RANK",       "RINGREDUCE_WORLD_SIZE", "RINGREDUCE_LOCAL_RANK",
-    "RINGREDUCE_LOCAL_SIZE", "RINGREDUCE_ADDR",       "RINGREDUCE_STORE_SERVER",
+    "RINGREDUCE_RANK",
+    "RINGREDUCE_WORLD_SIZE",
+    "RINGREDUCE_LOCAL_RANK",
+    "RINGREDUCE_LOCAL_SIZE",
+    "RINGREDUCE_ADDR",
+    "RINGREDUCE_STORE_SERVER",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
 };
+
+// A port for torch's store (MASTER_PORT), which rank 0's torch.distributed binds itself: one
+// the kernel hands out for port 0 and we release at once. Unlike ringrun's own store port, another
+// process could take it in between; a user who cannot have that sets MASTER_PORT.
+int torch_master_port() {
+  if (const char* p = std::getenv("MASTER_PORT"); p != nullptr && *p != '\0') return std::atoi(p);
+  ringreduce::core::Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (!fd.valid() || ::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    throw std::runtime_error(std::string("choosing MASTER_PORT: ") + std::strerror(errno));
+  return ntohs(a.sin_port);
+}
 
 std::vector<std::string> inherited_environment() {
   std::vector<std::string> out;
@@ -459,13 +491,19 @@ class Launcher {
     env.push_back("RINGREDUCE_LOCAL_SIZE=" + std::to_string(args_.n));
     env.push_back("RINGREDUCE_ADDR=127.0.0.1:" + std::to_string(port_));
     env.push_back("RINGREDUCE_STORE_SERVER=0");
+    env.push_back("WORLD_SIZE=" + std::to_string(args_.n));
+    env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(args_.n));
+    env.push_back("MASTER_ADDR=127.0.0.1");
+    if (std::getenv("MASTER_PORT") == nullptr)
+      env.push_back("MASTER_PORT=" + std::to_string(torch_master_port()));
     size_t common = env.size();
-    env.emplace_back();
-    env.emplace_back();
+    for (int i = 0; i < 4; ++i) env.emplace_back();
 
     for (Rank& r : ranks_) {
       env[common] = "RINGREDUCE_RANK=" + std::to_string(r.index);
       env[common + 1] = "RINGREDUCE_LOCAL_RANK=" + std::to_string(r.index);
+      env[common + 2] = "RANK=" + std::to_string(r.index);
+      env[common + 3] = "LOCAL_RANK=" + std::to_string(r.index);
       std::vector<char*> envp;
       for (auto& e : env) envp.push_back(e.data());
       envp.push_back(nullptr);

@@ -1,0 +1,47 @@
+"""ringreduce: bandwidth-optimal collectives (ring allreduce and friends) for Python.
+
+    import numpy as np, ringreduce
+    comm = ringreduce.init()                 # rank, size, store address from the environment
+    grad = np.ones(1 << 20, dtype=np.float32)
+    comm.allreduce(grad, op="avg")           # in place, no copies
+    w = comm.allreduce_async(grad)           # returns a Work; the GIL is free meanwhile
+    w.wait()
+
+Buffers are NumPy arrays (or anything with the buffer protocol) and CPU torch tensors, used in
+place. Errors are ringreduce.Error and its subclasses (TimeoutError, PeerError, MismatchError,
+InvalidArgument), with the C++ library's messages: they name the rank, the call and its number.
+
+`import ringreduce.torch` registers the torch.distributed backend "ringreduce".
+"""
+
+from ._ringreduce import (  # noqa: F401
+    Communicator,
+    Error,
+    ErrorCode,
+    InvalidArgument,
+    MismatchError,
+    PeerError,
+    ReduceOp,
+    TimeoutError,
+    Work,
+)
+
+__all__ = [
+    "Communicator",
+    "Error",
+    "ErrorCode",
+    "InvalidArgument",
+    "MismatchError",
+    "PeerError",
+    "ReduceOp",
+    "TimeoutError",
+    "Work",
+    "init",
+]
+
+
+def init(**kwargs):
+    """A Communicator whose rank, size and store address come from the environment (ringrun,
+    torchrun, mpirun, srun); keyword arguments (rank, size, addr, token, timeout, settings)
+    override it."""
+    return Communicator(**kwargs)
