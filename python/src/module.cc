@@ -348,6 +348,10 @@ PYBIND11_MODULE(_ringreduce, m) {
   static py::object invalid_bases = py::make_tuple(error, py::handle(PyExc_ValueError));
   static py::exception<rr::InvalidArgument> invalid_argument(m, "InvalidArgument",
                                                              invalid_bases.ptr());
+  // Shown as ringreduce.PeerError, not ringreduce._ringreduce.PeerError.
+  for (PyObject* t : {error.ptr(), timeout_error.ptr(), peer_error.ptr(), mismatch_error.ptr(),
+                      invalid_argument.ptr()})
+    py::handle(t).attr("__module__") = "ringreduce";
   py::register_exception_translator([](std::exception_ptr p) {
     auto raise = [](const py::object& type, const rr::Error& e, int peer) {
       py::object inst = type(e.what());

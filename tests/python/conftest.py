@@ -1,0 +1,47 @@
+"""Shared by the Python tests: where the build is, and launching N ranks of a worker script.
+
+Every multi-rank test runs a worker under ringrun (bounded by ringrun's --timeout and by
+subprocess's timeout, which kills ringrun; ringrun tears its ranks down by process group) and
+checks what the ranks printed. The build is <repo>/build unless RINGREDUCE_BUILD says otherwise.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD = Path(os.environ.get("RINGREDUCE_BUILD", REPO / "build"))
+WORKERS = Path(__file__).resolve().parent / "workers"
+RINGRUN = BUILD / "tools" / "ringrun"
+PYDIR = BUILD / "python"
+
+
+def have_module(name):
+    return any((PYDIR / "ringreduce").rglob(name + ".*.so")) if PYDIR.exists() else False
+
+
+def launch(n, worker, *args, timeout=120, env=None, expect_ok=True):
+    """Runs `ringrun -n n python worker args`; returns (returncode, {rank: [lines]})."""
+    if not RINGRUN.exists() or not have_module("_ringreduce"):
+        pytest.skip(f"ringreduce not built in {BUILD} (run scripts/test or scripts/demo)")
+    e = dict(os.environ)
+    e["PYTHONPATH"] = str(PYDIR) + os.pathsep + e.get("PYTHONPATH", "")
+    e.setdefault("RINGREDUCE_TIMEOUT", "60")
+    if env:
+        e.update(env)
+    cmd = [str(RINGRUN), "-n", str(n), "--timeout", str(timeout), sys.executable,
+           str(WORKERS / worker), *map(str, args)]
+    p = subprocess.run(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=timeout + 30)
+    lines = {}
+    for line in p.stdout.splitlines():
+        if line.startswith("[") and "] " in line:
+            rank, rest = line[1:].split("] ", 1)
+            if rank.isdigit():
+                lines.setdefault(int(rank), []).append(rest)
+    if expect_ok:
+        assert p.returncode == 0, f"{' '.join(cmd)} exited {p.returncode}:\n{p.stdout[-6000:]}"
+    return p.returncode, lines, p.stdout

@@ -1,0 +1,54 @@
+"""Errors reach Python on every rank, as the C++ classes' Python mirrors with the same messages
+(workers/errors.py)."""
+
+import pytest
+
+from conftest import have_module, launch
+
+N = 4
+
+
+def raised(lines):
+    out = {}
+    for rank, ls in lines.items():
+        got = [l for l in ls if l.startswith("RAISED ") or l == "NO ERROR"]
+        assert len(got) == 1, f"rank {rank}: {ls}"
+        out[rank] = got[0]
+    return out
+
+
+def test_mismatched_call_raises_on_every_rank():
+    _, lines, _ = launch(N, "errors.py", "mismatch")
+    assert sorted(raised(lines)) == list(range(N))
+    for rank, line in raised(lines).items():
+        assert line.startswith("RAISED ringreduce.MismatchError "), line
+        assert f"rank {rank}: allreduce #1 (float x {100 + (rank == 1)}, sum)" in line, line
+        assert "mismatched call: rank " in line, line
+
+
+def test_bad_root_raises_invalid_argument_and_the_communicator_goes_on():
+    _, lines, _ = launch(N, "errors.py", "bad_root")
+    for rank, line in raised(lines).items():
+        assert line == (f"RAISED ringreduce.InvalidArgument peer=None rank {rank}: broadcast: "
+                        f"root {N} is not a rank (size {N})"), line
+        assert f"AFTER {[float(N)] * 3}" in lines[rank], lines[rank]
+
+
+def test_dead_peer_raises_peer_error_naming_it():
+    _, lines, _ = launch(N, "errors.py", "dead_peer")
+    got = raised({r: ls for r, ls in lines.items() if r != 1})
+    assert sorted(got) == [0, 2, 3]
+    for rank, line in got.items():
+        assert line.startswith("RAISED ringreduce.PeerError peer=1 "), line
+        assert f"rank {rank}: allreduce #2 " in line, line
+
+
+def test_mismatch_through_torch_distributed_raises_on_every_rank():
+    pytest.importorskip("torch")
+    if not have_module("_torch_backend"):
+        pytest.skip("the torch backend was not built")
+    _, lines, _ = launch(N, "errors.py", "torch_mismatch")
+    assert sorted(raised(lines)) == list(range(N))
+    for rank, line in raised(lines).items():
+        assert line.startswith("RAISED ringreduce.MismatchError "), line
+        assert "mismatched call" in line and f"rank {rank}: allreduce #2" in line, line  # after a barrier

@@ -1,0 +1,61 @@
+"""One rank of test_errors. argv[1] picks the case; the rank prints "RAISED <class> <message>" for
+the error it got (or "NO ERROR"), and the test checks every rank's line.
+
+  mismatch        rank 1 allreduces one element more than the others
+  bad_root        broadcast from a root that is not a rank (caught before anything is sent)
+  dead_peer       rank 1 exits without joining the allreduce; the others wait
+  torch_mismatch  the same as mismatch through torch.distributed with backend "ringreduce"
+"""
+
+import os
+import sys
+
+import numpy as np
+
+import ringreduce
+
+case = sys.argv[1]
+
+
+def report(fn):
+    try:
+        fn()
+        print("NO ERROR", flush=True)
+    except Exception as e:  # noqa: BLE001  the test wants to see whatever was raised
+        peer = getattr(e, "peer", None)
+        print(f"RAISED {type(e).__module__}.{type(e).__name__} peer={peer} {e}", flush=True)
+
+
+if case.startswith("torch"):
+    import torch
+    import torch.distributed as dist
+
+    import ringreduce.torch  # noqa: F401
+
+    dist.init_process_group("ringreduce")
+    R = dist.get_rank()
+    # Every rank past init_process_group's store barrier before rank 0 (the store's host) can
+    # fail and exit.
+    dist.barrier()
+    if case == "torch_mismatch":
+        report(lambda: dist.all_reduce(torch.zeros(100 + (R == 1))))
+    sys.stdout.flush()
+    os._exit(0)  # the group is failed; skip its teardown
+
+comm = ringreduce.init()
+R, N = comm.rank, comm.size
+if case == "mismatch":
+    report(lambda: comm.allreduce(np.zeros(100 + (R == 1), dtype=np.float32)))
+elif case == "bad_root":
+    report(lambda: comm.broadcast(np.zeros(4), root=N))
+    # the communicator is still usable afterwards: nothing was sent
+    a = np.ones(3)
+    comm.allreduce(a)
+    print("AFTER", a.tolist(), flush=True)
+elif case == "dead_peer":
+    comm.barrier()
+    if R == 1:
+        os._exit(0)
+    report(lambda: comm.allreduce(np.zeros(1 << 20, dtype=np.float32)))
+sys.stdout.flush()
+os._exit(0)
