@@ -109,13 +109,15 @@ dist.all_reduce_coalesced(ts)
 check("all_reduce_coalesced 0", ts[0], torch.full((3,), float(N * (N + 1) // 2)))
 check("all_reduce_coalesced 1", ts[1], torch.full((2, 2), float(N * (N + 1) // 2)))
 
-# Async: several outstanding, completed through wait() and through the future.
-xs = [torch.full((1000,), float(R + i)) for i in range(4)]
+# Async: several outstanding, completed through wait() and through the future; small ones run
+# in the calling thread, large ones (> 64 KiB) in ringreduce's progress thread: both sizes.
+xs = [torch.full((1000 if i % 2 else 100003,), float(R + i)) for i in range(4)]
 works = [dist.all_reduce(x, async_op=True) for x in xs]
 futs = [w.get_future() for w in works]
 for i, f in enumerate(futs):
     res = f.wait()
-    check(f"future value {i}", res[0], torch.full((1000,), float(N * (N - 1) // 2 + N * i)))
+    check(f"future value {i}", res[0],
+          torch.full((len(xs[i]),), float(N * (N - 1) // 2 + N * i)))
 for w in works:
     w.wait()
     assert w.is_completed() and w.is_success()
