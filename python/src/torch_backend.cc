@@ -53,6 +53,12 @@ class TorchStore : public rr::Store {
   c10::intrusive_ptr<c10d::Store> s_;
 };
 
+// Set while this thread completes a Work (runs its Future's callbacks). Such a callback may issue
+// the next collective (PowerSGD's hook does); it runs in the thread that finished the op, which may
+// be ringreduce's progress thread still driving the queue, where a blocking call would wait for
+// itself. So collectives issued from there always go async.
+thread_local bool t_completing = false;
+
 // A torch Work over a ringreduce Work. `after` runs once the op has succeeded, before the Work
 // and Future complete (copying results out of a staging buffer).
 class WorkRR : public c10d::Work {
@@ -115,10 +121,13 @@ class WorkRR : public c10d::Work {
     }
     keep_.clear();
     finish(e);
+    const bool outer = t_completing;
+    t_completing = true;
     if (e)
       future_->setError(e);
     else
       future_->markCompleted(c10::IValue(outputs_));
+    t_completing = outer;
   }
 
   rr::Work op_;
@@ -153,7 +162,7 @@ class ProcessGroupRingreduce : public c10d::ProcessGroup {
     at::Tensor& t = single(tensors, call);
     const rr::DataType dt = reduce_dtype(t, call);
     const rr::ReduceOp op = reduce_op(opts.reduceOp, call);
-    if (t.nbytes() <= kInlineBytes) {
+    if (t.nbytes() <= kInlineBytes && !t_completing) {
       // Small: run it here and now. Handing it to the progress thread costs two thread
       // switches, more than the op itself (a 4-byte allreduce on shared memory takes
       // microseconds); what overlap could hide is as small. The Work is complete on return.

@@ -123,6 +123,20 @@ for w in works:
     assert w.is_completed() and w.is_success()
 dist.barrier()
 
+# A collective issued from a future's callback (as PowerSGD's DDP hook does): the callback runs in
+# the thread that completed the op, maybe ringreduce's progress thread; it must not deadlock.
+big, small, later = torch.ones(100003), torch.ones(10), []
+
+
+def issue_next(fut):
+    later.append(dist.all_reduce(small, async_op=True))
+    return fut.value()
+
+
+dist.all_reduce(big, async_op=True).get_future().then(issue_next).wait()
+later[0].wait()
+check("collective from a future callback", small, torch.full((10,), float(N)))
+
 # Unsupported calls name themselves.
 try:
     dist.send(torch.zeros(1), dst=(R + 1) % N)
