@@ -103,8 +103,15 @@ Buffer to_buffer(const rr::Communicator* comm, const char* call, const char* rol
       bad_argument(comm, call,
                    std::string(role) + " has dtype " + name + ", which ringreduce does not reduce");
   } else if (PyObject_CheckBuffer(obj.ptr())) {
-    auto info = std::make_shared<py::buffer_info>(
-        py::reinterpret_borrow<py::buffer>(obj).request(writable));
+    std::shared_ptr<py::buffer_info> info;
+    try {
+      info = std::make_shared<py::buffer_info>(
+          py::reinterpret_borrow<py::buffer>(obj).request(writable));
+    } catch (const py::error_already_set& e) {
+      // e.g. a read-only array as an output: say which call and which buffer.
+      bad_argument(comm, call,
+                   std::string(role) + (writable ? " must be writable: " : ": ") + e.what());
+    }
     // C order: the strides are those of a packed array (a view with gaps would be misread).
     py::ssize_t expect = info->itemsize;
     for (py::ssize_t d = info->ndim - 1; d >= 0; --d) {
@@ -142,14 +149,16 @@ Buffer to_buffer(const rr::Communicator* comm, const char* call, const char* rol
   return b;
 }
 
-rr::ReduceOp to_op(const py::object& op) {
+rr::ReduceOp to_op(const rr::Communicator* comm, const char* call, const py::object& op) {
   if (py::isinstance<py::str>(op)) {
     rr::ReduceOp out;
     const std::string name = op.cast<std::string>();
     if (!rr::parse_op(name, &out))
-      throw rr::InvalidArgument("unknown reduce op '" + name + "' (sum, prod, min, max, avg)");
+      bad_argument(comm, call, "unknown reduce op '" + name + "' (sum, prod, min, max, avg)");
     return out;
   }
+  if (!py::isinstance<rr::ReduceOp>(op))
+    bad_argument(comm, call, "op must be a ReduceOp or one of 'sum', 'prod', 'min', 'max', 'avg'");
   return op.cast<rr::ReduceOp>();
 }
 
@@ -250,7 +259,7 @@ class PyComm {
       bad_argument(&c, call,
                    std::string("send is ") + rr::dtype_name(send.dtype) + " but recv is " +
                        rr::dtype_name(recv.dtype));
-    const rr::ReduceOp op = op_obj.is_none() ? rr::ReduceOp::sum : to_op(op_obj);
+    const rr::ReduceOp op = op_obj.is_none() ? rr::ReduceOp::sum : to_op(&c, call, op_obj);
     const rr::CallOptions opts = call_options(timeout);
     auto need = [&](bool ok, const std::string& what) {
       if (!ok) bad_argument(&c, call, what);

@@ -1,0 +1,51 @@
+"""Unusable buffers raise ringreduce.InvalidArgument naming the rank, the call and the buffer,
+before anything is sent (one rank: no launcher needed)."""
+
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import PYDIR, have_module
+
+if not have_module("_ringreduce"):
+    pytest.skip("ringreduce not built", allow_module_level=True)
+sys.path.insert(0, str(PYDIR))
+import ringreduce  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def comm():
+    c = ringreduce.Communicator(rank=0, size=1, addr="127.0.0.1:1")
+    yield c
+    c.close()
+
+
+def readonly():
+    a = np.ones(4)
+    a.setflags(write=False)
+    return a
+
+
+@pytest.mark.parametrize("call, expect", [
+    (lambda c: c.allreduce(readonly()), "allreduce: buffer must be writable"),
+    (lambda c: c.allreduce(np.ones(4), readonly()), "allreduce: recv must be writable"),
+    (lambda c: c.allreduce(np.arange(10.0)[::-1]), "allreduce: buffer is not C-contiguous"),
+    (lambda c: c.allreduce(np.ones(4), np.ones(4, dtype=np.int32)),
+     "allreduce: send is double but recv is int32"),
+    (lambda c: c.allreduce([1.0, 2.0]), "allreduce: buffer must be a NumPy array"),
+    (lambda c: c.allreduce(np.ones(3, dtype=">f4")), "element format '>f'"),
+    (lambda c: c.allgather(np.ones(2), np.ones(3)), "allgather: recv must hold size x send"),
+    (lambda c: c.allreduce(np.ones(2), op="xor"), "allreduce: unknown reduce op 'xor'"),
+    (lambda c: c.reduce(np.ones(2), op=3), "reduce: op must be a ReduceOp"),
+    (lambda c: c.allreduce(np.ones(2, dtype=np.uint16), dtype="float32"),
+     "dtype float32 has 4-byte elements"),
+])
+def test_bad_buffer_raises_invalid_argument(comm, call, expect):
+    with pytest.raises(ringreduce.InvalidArgument) as e:
+        call(comm)
+    assert expect in str(e.value), str(e.value)
+    # the communicator is still usable
+    a = np.ones(3)
+    comm.allreduce(a)
+    assert a.tolist() == [1.0, 1.0, 1.0]
