@@ -354,8 +354,8 @@ std::optional<std::string> resolve_program(const std::string& program, int* stat
 }
 
 // Every variable ringrun sets; inherited copies are dropped so the ranks see exactly one of each.
-// The second line is torchrun's set, so that torch.distributed.init_process_group() (any
-// backend) works under ringrun as under torchrun; MASTER_PORT is kept if the user set it.
+// The last ones are torchrun's set, so that torch.distributed.init_process_group() (any
+// backend) works under ringrun as under torchrun; a MASTER_PORT the user set is passed on.
 const char* const kOwnVariables[] = {
     "RINGREDUCE_RANK",
     "RINGREDUCE_WORLD_SIZE",
@@ -368,6 +368,7 @@ const char* const kOwnVariables[] = {
     "LOCAL_RANK",
     "LOCAL_WORLD_SIZE",
     "MASTER_ADDR",
+    "MASTER_PORT",
 };
 
 // A port for torch's store (MASTER_PORT), which rank 0's torch.distributed binds itself: one
@@ -494,8 +495,7 @@ class Launcher {
     env.push_back("WORLD_SIZE=" + std::to_string(args_.n));
     env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(args_.n));
     env.push_back("MASTER_ADDR=127.0.0.1");
-    if (std::getenv("MASTER_PORT") == nullptr)
-      env.push_back("MASTER_PORT=" + std::to_string(torch_master_port()));
+    env.push_back("MASTER_PORT=" + std::to_string(torch_master_port()));
     size_t common = env.size();
     for (int i = 0; i < 4; ++i) env.emplace_back();
 

@@ -10,6 +10,7 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <optional>
@@ -162,17 +163,30 @@ rr::ReduceOp to_op(const rr::Communicator* comm, const char* call, const py::obj
   return op.cast<rr::ReduceOp>();
 }
 
+// Seconds from Python as milliseconds; NaN, infinite, negative or absurd values are refused
+// (converting them to an integer would be undefined).
+std::chrono::milliseconds to_ms(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0 || seconds > 1e9)
+    throw rr::InvalidArgument("timeout must be a finite number of seconds >= 0, not " +
+                              std::to_string(seconds));
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
+}
+
 rr::CallOptions call_options(std::optional<double> timeout_s) {
   rr::CallOptions c;
-  if (timeout_s) c.timeout = std::chrono::milliseconds(static_cast<int64_t>(*timeout_s * 1000.0));
+  if (timeout_s) c.timeout = to_ms(*timeout_s);
   return c;
 }
 
 // An async op's handle: the C++ Work plus the buffers it uses.
 class PyWork {
  public:
-  PyWork(rr::Work w, std::vector<Buffer> bufs, py::object result)
-      : work_(std::move(w)), bufs_(std::move(bufs)), result_(std::move(result)) {}
+  PyWork(rr::Work w, std::vector<Buffer> bufs, py::object result,
+         std::shared_ptr<rr::Communicator> comm)
+      : work_(std::move(w)),
+        bufs_(std::move(bufs)),
+        result_(std::move(result)),
+        comm_(std::move(comm)) {}
   PyWork(const PyWork&) = delete;
   PyWork& operator=(const PyWork&) = delete;
   ~PyWork() {
@@ -183,6 +197,7 @@ class PyWork {
       work_.wait();
     } catch (...) {  // the error was the caller's to collect; a destructor cannot raise it
     }
+    comm_.reset();  // if this was the last user after close(), the communicator ends here
   }
   bool wait(std::optional<double> timeout_s) {
     py::gil_scoped_release nogil;
@@ -190,7 +205,7 @@ class PyWork {
       work_.wait();
       return true;
     }
-    return work_.wait(std::chrono::milliseconds(static_cast<int64_t>(*timeout_s * 1000.0)));
+    return work_.wait(to_ms(*timeout_s));
   }
   bool is_completed() { return work_.test(); }
   std::string algorithm() const { return work_.algorithm(); }
@@ -203,6 +218,9 @@ class PyWork {
   rr::Work work_;
   std::vector<Buffer> bufs_;
   py::object result_;
+  // Keeps the communicator alive while the op may still be driven from here (Work.wait after a
+  // close() in another thread).
+  std::shared_ptr<rr::Communicator> comm_;
 };
 
 // The Python Communicator: a C++ Communicator that close() can end before garbage collection.
@@ -216,18 +234,21 @@ class PyComm {
     o.world_size = size;
     o.addr = std::move(addr);
     o.token = std::move(token);
-    if (timeout_s) o.timeout = std::chrono::milliseconds(static_cast<int64_t>(*timeout_s * 1e3));
+    if (timeout_s) o.timeout = to_ms(*timeout_s);
     o.settings = std::move(settings);
     py::gil_scoped_release nogil;  // rendezvous waits for the other ranks
-    comm_ = std::make_unique<rr::Communicator>(o);
+    comm_ = std::make_shared<rr::Communicator>(o);
   }
 
-  rr::Communicator& comm() {
+  // A reference for one call (taken with the GIL held): a close() from another thread while the
+  // call runs without the GIL then only drops close()'s reference, and the communicator ends
+  // when the last call or unfinished Work using it does.
+  std::shared_ptr<rr::Communicator> comm() {
     if (!comm_) throw rr::InvalidArgument("the communicator is closed");
-    return *comm_;
+    return comm_;
   }
   void close() {
-    std::unique_ptr<rr::Communicator> c = std::move(comm_);
+    std::shared_ptr<rr::Communicator> c = std::move(comm_);
     py::gil_scoped_release nogil;
     c.reset();
   }
@@ -240,7 +261,8 @@ class PyComm {
                         const py::object& recv_obj, const py::object& op_obj, int root,
                         const std::optional<std::string>& dtype, std::optional<double> timeout,
                         bool async) {
-    rr::Communicator& c = comm();
+    const std::shared_ptr<rr::Communicator> keep = comm();
+    rr::Communicator& c = *keep;
     const size_t n = static_cast<size_t>(c.size());
     const bool in_place = recv_obj.is_none() || recv_obj.is(send_obj);
     const bool root_only_recv = kind == Kind::reduce && c.rank() != root;
@@ -337,11 +359,11 @@ class PyComm {
     if (!async) return result;
     std::vector<Buffer> bufs{std::move(send)};
     if (!in_place) bufs.push_back(std::move(recv));
-    return py::cast(std::make_unique<PyWork>(std::move(w), std::move(bufs), result));
+    return py::cast(std::make_unique<PyWork>(std::move(w), std::move(bufs), result, keep));
   }
 
  private:
-  std::unique_ptr<rr::Communicator> comm_;
+  std::shared_ptr<rr::Communicator> comm_;
 };
 
 }  // namespace
@@ -420,13 +442,13 @@ PYBIND11_MODULE(_ringreduce, m) {
           "Joins a group. Arguments left out come from the environment (RINGREDUCE_*, torchrun's, "
           "OpenMPI's, Slurm's, PMI's variables); timeout in seconds; settings: RINGREDUCE_* names "
           "to values.")
-      .def_property_readonly("rank", [](PyComm& c) { return c.comm().rank(); })
-      .def_property_readonly("size", [](PyComm& c) { return c.comm().size(); })
+      .def_property_readonly("rank", [](PyComm& c) { return c.comm()->rank(); })
+      .def_property_readonly("size", [](PyComm& c) { return c.comm()->size(); })
       .def_property_readonly("closed", &PyComm::closed)
-      .def("tuning", [](PyComm& c) { return c.comm().tuning(); })
+      .def("tuning", [](PyComm& c) { return c.comm()->tuning(); })
       .def("close", &PyComm::close, "Leaves the group now rather than at garbage collection.")
       .def(
-          "abort", [](PyComm& c, const std::string& reason) { c.comm().abort(reason); },
+          "abort", [](PyComm& c, const std::string& reason) { c.comm()->abort(reason); },
           py::arg("reason"), "Fails every pending and later op with `reason`.")
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](PyComm& c, py::args) { c.close(); });
@@ -474,21 +496,23 @@ PYBIND11_MODULE(_ringreduce, m) {
   cls.def(
       "barrier",
       [](PyComm& c, std::optional<double> timeout) {
-        rr::Communicator& comm = c.comm();
+        const auto comm = c.comm();
+        const rr::CallOptions opts = call_options(timeout);
         py::gil_scoped_release nogil;
-        comm.barrier(call_options(timeout));
+        comm->barrier(opts);
       },
       py::arg("timeout") = py::none(), "Returns once every rank has called barrier().");
   cls.def(
       "barrier_async",
       [](PyComm& c, std::optional<double> timeout) {
-        rr::Communicator& comm = c.comm();
+        const auto comm = c.comm();
+        const rr::CallOptions opts = call_options(timeout);
         rr::Work w;
         {
           py::gil_scoped_release nogil;
-          w = comm.barrier_async(call_options(timeout));
+          w = comm->barrier_async(opts);
         }
-        return std::make_unique<PyWork>(std::move(w), std::vector<Buffer>{}, py::none());
+        return std::make_unique<PyWork>(std::move(w), std::vector<Buffer>{}, py::none(), comm);
       },
       py::arg("timeout") = py::none());
 }

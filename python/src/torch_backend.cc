@@ -86,6 +86,10 @@ class WorkRR : public c10d::Work {
   }
 
   bool wait(std::chrono::milliseconds timeout) override {
+    // In a Future callback this thread may be the one that has to run the op: waiting would hang.
+    TORCH_CHECK(!t_completing || isCompleted(), "ringreduce: rank ", rank_, ": ",
+                c10d::opTypeToString(opType_),
+                ": wait() inside a Future callback would wait for itself; chain with then()");
     // Drive the op in this thread if nobody else is (saves waking the progress thread); its
     // error, if any, arrives through complete().
     try {
@@ -152,6 +156,16 @@ class ProcessGroupRingreduce : public c10d::ProcessGroup {
     o.store = std::make_shared<TorchStore>(store);
     comm_ = std::make_unique<rr::Communicator>(o);
     init();
+  }
+  ~ProcessGroupRingreduce() override {
+    // Destroying the communicator joins its progress thread, which may be completing a Work
+    // whose Future has a Python callback (it needs the GIL): never hold the GIL while joining.
+    if (PyGILState_Check()) {
+      py::gil_scoped_release nogil;
+      comm_.reset();
+    } else {
+      comm_.reset();
+    }
   }
 
   const std::string getBackendName() const override { return "ringreduce"; }
@@ -307,16 +321,19 @@ class ProcessGroupRingreduce : public c10d::ProcessGroup {
     check_tensor(out, call);
     check(out.scalar_type() == in.scalar_type(), call, "output and input differ in dtype");
     check(out.numel() == in.numel(), call, "output and input differ in size");
-    check(in.numel() % size_ == 0 || in.numel() == 0, call,
-          "input's elements must split evenly over the ranks");
-    // Split sizes are in rows (dim 0); equal ones are what ringreduce's alltoall does.
-    const int64_t rows = in.dim() > 0 ? in.size(0) : 1;
-    for (auto* splits : {&out_splits, &in_splits}) {
+    // Blocks are whole rows (dim 0), as torch's other backends require; split sizes count rows
+    // of their own tensor, and equal ones are what ringreduce's alltoall does.
+    for (const at::Tensor* t : {&in, &out})
+      check(t->dim() > 0 && t->size(0) % size_ == 0, call,
+            "dim 0 of input and output must divide equally across the " + std::to_string(size_) +
+                " ranks");
+    for (auto [splits, rows] :
+         {std::pair{&out_splits, out.size(0)}, std::pair{&in_splits, in.size(0)}}) {
+      check(splits->empty() || splits->size() == static_cast<size_t>(size_), call,
+            "split sizes must have one entry per rank");
       for (int64_t s : *splits)
         check(s * size_ == rows, call,
               "uneven split sizes are not supported (ringreduce's alltoall sends equal blocks)");
-      check(splits->empty() || splits->size() == static_cast<size_t>(size_), call,
-            "split sizes must have one entry per rank");
     }
     const auto [dt, n] = move_dtype(in);
     return launch(c10d::OpType::ALLTOALL_BASE, {out},

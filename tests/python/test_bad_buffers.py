@@ -38,6 +38,8 @@ def readonly():
     (lambda c: c.allgather(np.ones(2), np.ones(3)), "allgather: recv must hold size x send"),
     (lambda c: c.allreduce(np.ones(2), op="xor"), "allreduce: unknown reduce op 'xor'"),
     (lambda c: c.reduce(np.ones(2), op=3), "reduce: op must be a ReduceOp"),
+    (lambda c: c.allreduce(np.ones(2), timeout=float("nan")), "timeout must be a finite number"),
+    (lambda c: c.allreduce_async(np.ones(2)).wait(timeout=-1.0), "timeout must be a finite"),
     (lambda c: c.allreduce(np.ones(2, dtype=np.uint16), dtype="float32"),
      "dtype float32 has 4-byte elements"),
 ])

@@ -137,6 +137,15 @@ dist.all_reduce(big, async_op=True).get_future().then(issue_next).wait()
 later[0].wait()
 check("collective from a future callback", small, torch.full((10,), float(N)))
 
+# Blocks are whole rows: a dim 0 that does not divide over the ranks is refused, not split mid-row.
+try:
+    dist.all_to_all_single(torch.empty(N + 1, 2), torch.zeros(N + 1, 2))
+    failures.append("all_to_all_single of N+1 rows did not raise")
+except ValueError as e:
+    if "dim 0" not in str(e):
+        failures.append(f"all_to_all_single error: {e}")
+checks += 1
+
 # Unsupported calls name themselves.
 try:
     dist.send(torch.zeros(1), dst=(R + 1) % N)
