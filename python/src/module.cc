@@ -91,6 +91,17 @@ Buffer to_buffer(const rr::Communicator* comm, const char* call, const char* rol
                    std::string(role) + " is a tensor on " +
                        py::str(obj.attr("device")).cast<std::string>() +
                        "; this module takes CPU tensors");
+    // A sparse tensor has no dense data_ptr; a lazily negated or conjugated view's memory holds
+    // the values before the negation.
+    for (const char* flag : {"is_sparse", "is_neg", "is_conj"}) {
+      if (!py::hasattr(obj, flag)) continue;
+      py::object v = obj.attr(flag);
+      if (PyCallable_Check(v.ptr())) v = v();
+      if (v.cast<bool>())
+        bad_argument(comm, call,
+                     std::string(role) + " is a tensor with " + flag +
+                         " set (call .to_dense() / .resolve_neg() / .resolve_conj())");
+    }
     if (!obj.attr("is_contiguous")().cast<bool>())
       bad_argument(comm, call, std::string(role) + " is not contiguous (call .contiguous())");
     std::string name = py::str(obj.attr("dtype"));

@@ -27,6 +27,15 @@ def readonly():
     return a
 
 
+def test_lazy_tensor_views_are_refused(comm):
+    torch = pytest.importorskip("torch")
+    for t, flag in ((torch.ones(4)._neg_view(), "is_neg"),
+                    (torch.ones(4).to_sparse(), "is_sparse")):
+        with pytest.raises(ringreduce.InvalidArgument) as e:
+            comm.allreduce(t)
+        assert f"allreduce: buffer is a tensor with {flag} set" in str(e.value), str(e.value)
+
+
 @pytest.mark.parametrize("call, expect", [
     (lambda c: c.allreduce(readonly()), "allreduce: buffer must be writable"),
     (lambda c: c.allreduce(np.ones(4), readonly()), "allreduce: recv must be writable"),
