@@ -898,7 +898,6 @@ TEST(Comm, CApiReportsErrorsWithoutExceptions) {
       << rr_last_error(nullptr);
 }
 
-
 // Work::then (what the torch backend completes its futures with): called once, with the op's
 // result, whether the op completes later in the progress thread, has already completed, or is
 // failed by abort() while queued.
