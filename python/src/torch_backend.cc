@@ -204,17 +204,8 @@ class ProcessGroupRingreduce : public c10d::ProcessGroup {
       check(t.scalar_type() == tensors[0].scalar_type(), call, "tensors differ in dtype");
     }
     const rr::DataType dt = reduce_dtype(tensors[0], call);
-    std::vector<at::Tensor> flat_views;
-    for (auto& t : tensors) flat_views.push_back(t.reshape({-1}));
-    at::Tensor flat = at::cat(flat_views);
-    auto outs = tensors;
-    auto after = [flat, outs]() mutable {
-      int64_t off = 0;
-      for (auto& t : outs) {
-        t.view({-1}).copy_(flat.narrow(0, off, t.numel()));
-        off += t.numel();
-      }
-    };
+    at::Tensor flat = pack(tensors);
+    auto after = unpack(flat, tensors);
     return launch(c10d::OpType::ALLREDUCE_COALESCED, tensors,
                   comm_->allreduce_async(flat.data_ptr(), flat.data_ptr(), count(flat), dt,
                                          reduce_op(opts.reduceOp, call)),
@@ -256,11 +247,7 @@ class ProcessGroupRingreduce : public c10d::ProcessGroup {
     // Staged through one buffer: the outputs are separate tensors, the collective writes one
     // block per rank into one buffer.
     at::Tensor flat = at::empty({static_cast<int64_t>(size_) * in.numel()}, in.options());
-    auto after = [flat, outs]() mutable {
-      for (size_t r = 0; r < outs.size(); ++r)
-        outs[r].view({-1}).copy_(
-            flat.narrow(0, static_cast<int64_t>(r) * outs[r].numel(), outs[r].numel()));
-    };
+    auto after = unpack(flat, outs);
     return launch(c10d::OpType::ALLGATHER, outs,
                   comm_->allgather_async(in.data_ptr(), flat.data_ptr(), n, dt), {flat, in}, after);
   }
@@ -287,9 +274,7 @@ class ProcessGroupRingreduce : public c10d::ProcessGroup {
     check(inputs.size() == 1, call, "expects one input list (one tensor per rank)");
     check_list(inputs[0], out, call);
     const rr::DataType dt = reduce_dtype(out, call);
-    std::vector<at::Tensor> flat_views;
-    for (auto& t : inputs[0]) flat_views.push_back(t.reshape({-1}));
-    at::Tensor flat = at::cat(flat_views);
+    at::Tensor flat = pack(inputs[0]);
     return launch(c10d::OpType::REDUCE_SCATTER, {out},
                   comm_->reduce_scatter_async(flat.data_ptr(), out.data_ptr(), count(out), dt,
                                               reduce_op(opts.reduceOp, call)),
@@ -348,19 +333,10 @@ class ProcessGroupRingreduce : public c10d::ProcessGroup {
           "expects one input and one output tensor per rank");
     check_list(inputs, inputs[0], call);
     check_list(outputs, inputs[0], call);
-    std::vector<at::Tensor> flat_views;
-    for (auto& t : inputs) flat_views.push_back(t.reshape({-1}));
-    at::Tensor flat_in = at::cat(flat_views);
+    at::Tensor flat_in = pack(inputs);
     at::Tensor flat_out = at::empty_like(flat_in);
     const auto [dt, n] = move_dtype(inputs[0]);
-    auto outs = outputs;
-    auto after = [flat_out, outs]() mutable {
-      int64_t off = 0;
-      for (auto& t : outs) {
-        t.view({-1}).copy_(flat_out.narrow(0, off, t.numel()));
-        off += t.numel();
-      }
-    };
+    auto after = unpack(flat_out, outputs);
     return launch(c10d::OpType::ALLTOALL, outputs,
                   comm_->alltoall_async(flat_in.data_ptr(), flat_out.data_ptr(), n, dt),
                   {flat_in, flat_out}, after);
@@ -404,6 +380,22 @@ class ProcessGroupRingreduce : public c10d::ProcessGroup {
   void check_root(int64_t root, const char* call) const {
     check(root >= 0 && root < size_, call,
           "root " + std::to_string(root) + " is not a rank (size " + std::to_string(size_) + ")");
+  }
+  // The tensors of a list one after another in one new buffer (one collective instead of n).
+  static at::Tensor pack(const std::vector<at::Tensor>& list) {
+    std::vector<at::Tensor> flat;
+    for (const auto& t : list) flat.push_back(t.reshape({-1}));
+    return at::cat(flat);
+  }
+  // What copies a packed buffer back out into the list's tensors once the op has succeeded.
+  static std::function<void()> unpack(at::Tensor flat, std::vector<at::Tensor> list) {
+    return [flat, list]() mutable {
+      int64_t off = 0;
+      for (auto& t : list) {
+        t.view({-1}).copy_(flat.narrow(0, off, t.numel()));
+        off += t.numel();
+      }
+    };
   }
   static size_t count(const at::Tensor& t) { return static_cast<size_t>(t.numel()); }
 
