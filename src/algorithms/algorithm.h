@@ -11,22 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "algorithms/collectives.h"
+#include "algorithms/cost.h"
 #include "core/deadline.h"
 #include "ringreduce/types.h"
 #include "transport/link.h"
 
 namespace ringreduce::algorithms {
-
-enum class Collective : uint8_t {
-  allreduce = 1,
-  reduce_scatter = 2,
-  allgather = 3,
-  broadcast = 4,
-  reduce = 5,
-  alltoall = 6,
-  barrier = 7,
-};
-const char* collective_name(Collective c);
 
 // One call's arguments. `count` means, per collective:
 //   allreduce, broadcast, reduce: elements in the buffer;
@@ -77,6 +68,7 @@ struct Context {
 
 using RunFn = void (*)(Context&, const Args&);
 
+// An algorithm and what the tuner needs to know of it (registry.cc lists them all).
 struct Algorithm {
   const char* name;  // as RINGREDUCE_ALGO and `ringreduce-perf -a` spell it
   Collective kind;
@@ -87,19 +79,23 @@ struct Algorithm {
   // The largest buffer (bytes of the per-rank count) it takes; larger calls go to the tuner's
   // usual choice even when this one is forced.
   size_t max_bytes = SIZE_MAX;
+  // Its predicted time (cost.h); null: the model does not compare it (the tuner runs it only
+  // when forced, by its rule, or as its collective's default).
+  CostFn cost = nullptr;
+  // The kinds of link (KindTraits::name) the tuner considers it on, space-separated: those where
+  // it has come within 10% of the best when every algorithm was forced (docs/TUNING.md).
+  const char* suits = "";
+  // The segment it pipelines with; null: the links' preferred message size.
+  SegmentFn segment = nullptr;
+  // Takes a call outright when true (an algorithm the model does not describe).
+  RuleFn rule = nullptr;
+
+  bool suited_to(const std::string& link_kind) const;
 };
 
-// Every algorithm there is.
+// Every algorithm there is, in the order the tuner breaks ties in (the earlier wins).
 const std::vector<Algorithm>& all_algorithms();
 const Algorithm* find_algorithm(Collective kind, const std::string& name);
-
-// The largest power of two <= n (n >= 1): the ranks recursive doubling and Rabenseifner run over,
-// the other n - p being folded in and out.
-inline int largest_power_of_two(int n) {
-  int p = 1;
-  while (p * 2 <= n) p *= 2;
-  return p;
-}
 
 // A reduction (allreduce, reduce) on one rank or of no elements: the output is the input, copied
 // when out of place. Returns whether the call was one; the algorithms start with it.
@@ -119,7 +115,7 @@ void for_each_segment(size_t offset, size_t count, size_t elem, size_t segment_b
     fn(offset + done, count - done < per ? count - done : per);
 }
 
-// The algorithms (one file each).
+// The algorithms (one file each), and the costs they state at their tops.
 void ring_allreduce(Context& ctx, const Args& a);
 void recursive_doubling_allreduce(Context& ctx, const Args& a);
 void ring_reduce_scatter(Context& ctx, const Args& a);
@@ -137,5 +133,26 @@ void rabenseifner_allreduce(Context& ctx, const Args& a);
 void tree_allreduce(Context& ctx, const Args& a);
 void binomial_broadcast(Context& ctx, const Args& a);
 void binomial_reduce(Context& ctx, const Args& a);
+
+double ring_allreduce_cost(const CostInputs& in, double k, double segment);
+double rd_allreduce_cost(const CostInputs& in, double k, double segment);
+double rabenseifner_allreduce_cost(const CostInputs& in, double k, double segment);
+double tree_allreduce_cost(const CostInputs& in, double k, double segment);
+size_t tree_allreduce_segment(const CostInputs& in, size_t bytes);
+double flat_allreduce_cost(const CostInputs& in, double k, double segment);
+double direct_allreduce_cost(const CostInputs& in, double k, double segment);
+double chain_broadcast_cost(const CostInputs& in, double k, double segment);
+double binomial_broadcast_cost(const CostInputs& in, double k, double segment);
+double chain_reduce_cost(const CostInputs& in, double k, double segment);
+double binomial_reduce_cost(const CostInputs& in, double k, double segment);
+// The chains and binomial trees pipeline a quarter of the buffer, 64-512 KiB: their latency grows
+// with the segment.
+size_t quarter_segment(const CostInputs& in, size_t bytes);
+// hierarchical_allreduce: several hosts with L >= 2 ranks each, from 1 MiB.
+bool hierarchical_allreduce_applies(const CostInputs& in, size_t bytes);
+// A rule that always takes the call (wherever the algorithm suits the links).
+inline bool always(const CostInputs&, size_t) {
+  return true;
+}
 
 }  // namespace ringreduce::algorithms

@@ -12,6 +12,11 @@
 
 namespace ringreduce::algorithms {
 
+// Cost: ceil(lg N) rounds, the root sending the whole buffer in each.
+double binomial_broadcast_cost(const CostInputs& in, double k, double /*segment*/) {
+  return ceil_lg(in.n) * in.costs.link.step(k);
+}
+
 void binomial_broadcast(Context& ctx, const Args& a) {
   const int n = ctx.size;
   const size_t elem = dtype_size(a.dtype);

@@ -11,6 +11,12 @@
 
 namespace ringreduce::algorithms {
 
+// Cost: ceil(lg N) rounds of the whole buffer, each combined, its result through a buffer.
+double binomial_reduce_cost(const CostInputs& in, double k, double /*segment*/) {
+  const Costs& c = in.costs;
+  return ceil_lg(in.n) * (c.link.step(k) + k * c.pi + k * c.gamma);
+}
+
 void binomial_reduce(Context& ctx, const Args& a) {
   if (trivial_reduction(ctx, a)) return;
   const int n = ctx.size;

@@ -1,11 +1,26 @@
 // Pipelined chain broadcast: root -> root+1 -> ... -> root-1. Each rank forwards a segment as soon
 // as it has it, so the time is about K/B plus (N-1) segment latencies instead of (N-1)K/B.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "algorithms/algorithm.h"
 #include "algorithms/ring_schedule.h"
 
 namespace ringreduce::algorithms {
+
+// Cost: the chain forwards each of m segments: N-1 hops to fill, m-1 more to drain.
+double chain_broadcast_cost(const CostInputs& in, double k, double segment) {
+  const int n = in.n;
+  if (n <= 1) return 0;
+  const double seg = std::max(1.0, std::min(segment, k));
+  const double m = std::ceil(k / seg);
+  return (n - 1 + m - 1) * in.costs.link.step(seg);
+}
+
+size_t quarter_segment(const CostInputs& /*in*/, size_t bytes) {
+  return std::clamp<size_t>(bytes / 4, 64 << 10, 512 << 10);
+}
 
 void chain_broadcast(Context& ctx, const Args& a) {
   const int n = ctx.size;

@@ -1,11 +1,23 @@
 // Pipelined chain reduce: root+1 -> root+2 -> ... -> root, each rank adding its contribution to a
 // segment and passing it on while the next segment arrives. Every rank sends K bytes once.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "algorithms/algorithm.h"
 #include "algorithms/ring_schedule.h"
 
 namespace ringreduce::algorithms {
+
+// Cost: as the chain broadcast, each hop also combining its segment.
+double chain_reduce_cost(const CostInputs& in, double k, double segment) {
+  const int n = in.n;
+  if (n <= 1) return 0;
+  const Costs& c = in.costs;
+  const double seg = std::max(1.0, std::min(segment, k));
+  const double m = std::ceil(k / seg);
+  return (n - 1 + m - 1) * (c.link.step(seg) + seg * c.gamma);
+}
 
 void chain_reduce(Context& ctx, const Args& a) {
   if (trivial_reduction(ctx, a)) return;

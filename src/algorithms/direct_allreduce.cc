@@ -44,7 +44,9 @@
 // staged(g+2) only after its reduce(g+1), which needs our staged(g+1), stamped after our
 // reduce(g) read staged(g); and reduced(g) with reduced(g+2) only after our staged(g+2), stamped
 // after our gather(g).
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -88,6 +90,26 @@ size_t piece_bytes(size_t window_bytes, int n) {
 }
 
 }  // namespace
+
+// Cost: per round of one piece of each slice, two steps (staged, reduced). A rank copies its input
+// into its staging buffer (one local copy: beta / 2, as flat's publish), reads the N-1 peers'
+// copies of its own slice and combines them, and copies the N-1 other reduced slices out of
+// their owners' windows. Those 2 (N-1)/N K bytes read from other cores cost 3/4 beta each:
+// between flat's beta / 2 (a few KiB, cache to cache) and a message's beta, because direct
+// streams the whole buffer through the window. Fitted to the forced-algorithm sweeps at N = 2, 4,
+// 8 (docs/TUNING.md): it puts direct ahead of the ring from 16 KiB to about 1 MiB at N = 4 and 8
+// and level with it at N = 2, as measured, and behind it from a few MiB.
+double direct_allreduce_cost(const CostInputs& in, double k, double /*segment*/) {
+  const int n = in.n;
+  if (n <= 1) return 0;
+  const Costs& c = in.costs;
+  // The pieces of a 2 MiB window (shared memory's), as piece_bytes() cuts it, unrounded.
+  const double piece = std::min(
+      256.0 * 1024, static_cast<double>((size_t{2} << 20) - (size_t{132} << 10)) / (2.0 * n));
+  const double rounds = std::max(1.0, std::ceil(k / n / piece));
+  const double others = (n - 1) * (k / n);
+  return 2 * rounds * c.link.alpha + k * c.link.beta / 2 + others * (1.5 * c.link.beta + c.gamma);
+}
 
 void direct_allreduce(Context& ctx, const Args& a) {
   const size_t elem = dtype_size(a.dtype);

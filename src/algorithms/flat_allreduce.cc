@@ -14,6 +14,17 @@
 
 namespace ringreduce::algorithms {
 
+// Cost: every rank publishes its input in its window, waits until all have (one step) and reads
+// and combines the N inputs. A message's byte is copied twice (into a FIFO slot and out of it) and
+// beta prices that; the publish is one copy and each peer's byte is read once from another core's
+// cache (flat's few KiB stay cached), so both cost beta / 2; and N-1 combines.
+double flat_allreduce_cost(const CostInputs& in, double k, double /*segment*/) {
+  const int n = in.n;
+  if (n <= 1) return 0;
+  const Costs& c = in.costs;
+  return c.link.alpha + k * c.link.beta / 2 + (n - 1) * k * (c.link.beta / 2 + c.gamma);
+}
+
 void flat_allreduce(Context& ctx, const Args& a) {
   const size_t bytes = a.count * dtype_size(a.dtype);
   char* out = static_cast<char*>(a.recv);

@@ -18,6 +18,14 @@
 
 namespace ringreduce::algorithms {
 
+// Not modelled (it runs two kinds of links at once): it takes allreduces from 1 MiB when several
+// hosts have L >= 2 ranks each; below, the one-level algorithms' pipelining is as good and it only
+// adds two waits (thresholds from the emulated hosts, docs/PERFORMANCE.md).
+bool hierarchical_allreduce_applies(const CostInputs& in, size_t bytes) {
+  constexpr size_t kMinBytes = 1 << 20;
+  return in.host_size >= 2 && in.host_size < in.n && bytes >= kMinBytes;
+}
+
 void hierarchical_allreduce(Context& ctx, const Args& a) {
   const int n = ctx.size, L = ctx.host_size;
   if (L <= 1 || L >= n || n % L != 0) return ring_allreduce(ctx, a);

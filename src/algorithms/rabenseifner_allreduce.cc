@@ -17,6 +17,21 @@
 
 namespace ringreduce::algorithms {
 
+// Cost: recursive halving, steps of K/2, K/4, .., K/p bytes, each combined; recursive doubling
+// back up with the same sizes, not combined. Bytes per rank 2(p-1)/p K, the ring's for N = p.
+double rabenseifner_allreduce_cost(const CostInputs& in, double k, double /*segment*/) {
+  const int n = in.n;
+  if (n <= 1) return 0;
+  const Costs& c = in.costs;
+  const int lg = floor_lg(n), f = folds(n);
+  double t = 0, part = k;
+  for (int i = 0; i < lg; ++i) {
+    part /= 2;
+    t += 2 * (c.link.step(part) + part * c.pi) + part * c.gamma;
+  }
+  return t + f * (2 * (c.link.step(k) + k * c.pi) + k * c.gamma);
+}
+
 void rabenseifner_allreduce(Context& ctx, const Args& a) {
   const size_t elem = dtype_size(a.dtype);
   const char* in = static_cast<const char*>(a.send);

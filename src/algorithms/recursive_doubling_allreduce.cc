@@ -14,6 +14,16 @@
 
 namespace ringreduce::algorithms {
 
+// Cost: lg p exchanges of the whole buffer, each followed by a combine; folding adds a send and a
+// combine before and a send after. Every step's result goes through the output (pi).
+double rd_allreduce_cost(const CostInputs& in, double k, double /*segment*/) {
+  const int n = in.n;
+  if (n <= 1) return 0;
+  const Costs& c = in.costs;
+  const int lg = floor_lg(n), f = folds(n);
+  return (lg + 2 * f) * (c.link.step(k) + k * c.pi) + (lg + f) * k * c.gamma;
+}
+
 void recursive_doubling_allreduce(Context& ctx, const Args& a) {
   const size_t bytes = a.count * dtype_size(a.dtype);
   const char* in = static_cast<const char*>(a.send);

@@ -12,6 +12,15 @@
 
 namespace ringreduce::algorithms {
 
+// Cost: 2(N-1) steps of K/N bytes; N-1 of them combine K/N bytes.
+double ring_allreduce_cost(const CostInputs& in, double k, double /*segment*/) {
+  const int n = in.n;
+  if (n <= 1) return 0;
+  const Costs& c = in.costs;
+  const double chunk = k / n;
+  return 2.0 * (n - 1) * c.link.step(chunk) + (n - 1) * chunk * c.gamma;
+}
+
 void ring_allreduce(Context& ctx, const Args& a) {
   const size_t elem = dtype_size(a.dtype);
   const char* in = static_cast<const char*>(a.send);

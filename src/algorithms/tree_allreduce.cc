@@ -12,6 +12,8 @@
 // most one message per direction per link, and a rank finishes posting a stage before the next.
 // No rank waits on anything a peer posts at a later stage (up stages need only children's up
 // stages; down stages only the parent's down stage, which follows its up stages): no deadlock.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -20,6 +22,35 @@
 #include "algorithms/tree_shape.h"
 
 namespace ringreduce::algorithms {
+
+// Cost: each tree carries K/2 bytes in m segments. A segment climbs D levels and descends D;
+// with the pipeline full, every cycle moves one segment of each tree, and a rank then receives
+// four segments (two children's in the tree where it is inner, one from each parent) and combines
+// two. So (2D + m - 1) cycles of one step of 4 segments' bytes (shared over up to four links, but
+// on one host the copies share the rank's CPU) and 2 segments' combines.
+double tree_allreduce_cost(const CostInputs& in, double k, double segment) {
+  if (in.n <= 1) return 0;
+  const Costs& c = in.costs;
+  const double half = k / 2;
+  const double seg = std::max(1.0, std::min(segment, half));
+  const double m = std::ceil(half / seg);
+  const int d = in.tree_depth;
+  return (2 * d + m - 1) * (c.link.step(4 * seg) + 4 * seg * c.pi + 2 * seg * c.gamma);
+}
+
+// The segment that minimises the cost above (more segments add alphas, larger ones lengthen the
+// pipeline's fill), a multiple of 4 KiB between 4 KiB and 1 MiB.
+size_t tree_allreduce_segment(const CostInputs& in, size_t bytes) {
+  constexpr double kMin = 4 << 10, kMax = 1 << 20;
+  const Costs& c = in.costs;
+  if (c.link.beta <= 0) return 256 << 10;
+  // d/dS of (K/2S) alpha + 2D * 4 S beta = 0.
+  const double k = static_cast<double>(bytes);
+  const double best =
+      std::sqrt(k / 2 * c.link.alpha / (8 * std::max(in.tree_depth, 1) * c.link.beta));
+  const double s = std::clamp(best, kMin, kMax);
+  return static_cast<size_t>(s / 4096) * 4096;
+}
 
 void tree_allreduce(Context& ctx, const Args& a) {
   const size_t elem = dtype_size(a.dtype);

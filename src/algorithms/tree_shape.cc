@@ -1,5 +1,9 @@
 #include "algorithms/tree_shape.h"
 
+#include <algorithm>
+
+#include "algorithms/cost.h"
+
 namespace ringreduce::algorithms {
 
 TreeNode binary_tree(int n, int p) {
@@ -31,6 +35,16 @@ int second_tree_rank(int n, int p) {
 
 int binomial_parent(int v) {
   return v == 0 ? -1 : v - (v & -v);
+}
+
+int tree_depth(int n) {
+  int depth = 0;
+  for (int p = 0; p < n; ++p) {
+    int d = 0;
+    for (int q = p; q != 0; q = binary_tree(n, q).parent) ++d;
+    depth = std::max(depth, d);
+  }
+  return depth;
 }
 
 }  // namespace ringreduce::algorithms

@@ -24,6 +24,7 @@
 #include "core/config.h"
 #include "ringreduce/communicator.h"
 #include "ringreduce/store.h"
+#include "transport/engine.h"
 #include "transport/link.h"
 #include "tuner/tuner.h"
 
@@ -89,6 +90,10 @@ class CommImpl {
   // Runs queued ops in order until `target` has finished (or, for the progress thread with
   // target == nullptr, until the head of the queue is a blocking op or the queue is empty).
   void drive(OpState* target);
+  // After an error in the thread that drives: names its deepest cause, fails the transport and
+  // aborts the communicator. Returns the error to report.
+  std::exception_ptr fail_communicator(std::exception_ptr error,
+                                       const std::function<std::string()>& prefix);
   void run(OpState& op);
   // Runs op's algorithm (or fails it if the communicator is aborted); returns its error.
   std::exception_ptr execute(OpState& op);
@@ -117,12 +122,11 @@ class CommImpl {
   core::Config config_;
   int rank_ = 0;
   int size_ = 1;
-  std::string link_kind_;  // "shm" or "tcp": what this communicator's links are
   std::string cost_kind_;  // the link kind the tuner's costs describe ("net" across hosts)
   std::chrono::milliseconds timeout_{300000};
   std::unique_ptr<rendezvous::TcpStoreServer> store_server_;
   std::shared_ptr<Store> store_;
-  std::unique_ptr<transport::Transport> transport_;
+  std::unique_ptr<transport::Engine> transport_;
   std::unique_ptr<tuner::Tuner> tuner_;
   std::unique_ptr<char[]> scratch_;
   size_t scratch_bytes_ = 0;

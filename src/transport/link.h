@@ -88,6 +88,22 @@ class Link {
   virtual void forward_ready(void* handle, size_t ready) = 0;
 };
 
+// A non-owning reference to a callable (no allocation, unlike std::function): waits take what to
+// check and what to do on a timeout this way.
+template <class R>
+class FnRef {
+ public:
+  template <class F>
+  FnRef(F& f)  // NOLINT(google-explicit-constructor): a lambda converts implicitly
+      : obj_(&f), call_([](void* o) -> R { return (*static_cast<F*>(o))(); }) {}
+  R operator()() const { return call_(obj_); }
+
+ private:
+  void* obj_;
+  R (*call_)(void*);
+};
+using ReadyFn = FnRef<bool>;
+
 // Memory that every rank of a communicator can read: one region per rank, written only by its
 // owner. Algorithms that read their peers' data in place instead of receiving messages (the flat
 // small-message collectives, the direct reduce-scatter) use it; only a transport whose ranks share
@@ -99,19 +115,6 @@ class Link {
 // Transport::wait does (bounded spin, yielding when ranks outnumber cores, then sleep; deadline;
 // dead peers; abort notices; and a peer seen at this op's sequence number with another call is a
 // MismatchError), and notify() wakes the peers that sleep in it.
-// A non-owning reference to a callable returning bool (no allocation, unlike std::function).
-class ReadyFn {
- public:
-  template <class F>
-  ReadyFn(F& f)  // NOLINT(google-explicit-constructor): a lambda converts implicitly
-      : obj_(&f), call_([](void* o) { return static_cast<bool>((*static_cast<F*>(o))()); }) {}
-  bool operator()() const { return call_(obj_); }
-
- private:
-  void* obj_;
-  bool (*call_)(void*);
-};
-
 class Window {
  public:
   virtual ~Window() = default;

@@ -1,13 +1,14 @@
-// The tuner's cost model (tuner/cost_model.h, docs/TUNING.md): what it chooses for given link
-// costs, against the forced-algorithm measurements it was checked on (docs/PERFORMANCE.md), and
-// that its size-class table and overrides behave.
+// The tuner's cost model (the costs in algorithms/*.cc, docs/TUNING.md): what it chooses for given
+// link costs, against the forced-algorithm measurements it was checked on (docs/PERFORMANCE.md),
+// and that its size-class table and overrides behave.
 #include <gtest/gtest.h>
 
 #include <map>
 #include <string>
 
 #include "core/config.h"
-#include "tuner/cost_model.h"
+#include "transport/shm/shm_kind.h"
+#include "transport/tcp/tcp_kind.h"
 #include "tuner/tuner.h"
 
 namespace {
@@ -15,6 +16,7 @@ namespace {
 using ringreduce::DataType;
 using ringreduce::algorithms::Args;
 using ringreduce::algorithms::Collective;
+using ringreduce::algorithms::CostInputs;
 using ringreduce::tuner::Costs;
 using ringreduce::tuner::Tuner;
 
@@ -26,17 +28,35 @@ std::string pick(const Tuner& t, size_t bytes, Collective kind = Collective::all
   return t.choose(a).algorithm->name;
 }
 
+// n ranks on one host over shared memory (with its window), or over TCP.
 Tuner with(int n, bool shared_memory, Costs c,
            const ringreduce::core::Config& config = ringreduce::core::Config()) {
-  Tuner t(config, n, 1, shared_memory);
+  ringreduce::tuner::Setup s;
+  s.size = n;
+  s.link = shared_memory ? ringreduce::transport::shm::ShmKind::static_traits()
+                         : ringreduce::transport::tcp::TcpKind::static_traits();
+  s.window = shared_memory;
+  Tuner t(config, s);
   t.set_costs(c);
   return t;
 }
 
+Costs tcp_defaults() {
+  return Tuner::default_costs(ringreduce::transport::tcp::TcpKind::static_traits());
+}
+
 Costs network(double alpha, double bytes_per_s) {
-  Costs c = Tuner::default_costs("net");
+  Costs c = tcp_defaults();
   c.link = {alpha, 1.0 / bytes_per_s, true};
   return c;
+}
+
+CostInputs model(const Costs& c, int n) {
+  CostInputs in;
+  in.costs = c;
+  in.n = n;
+  in.tree_depth = ringreduce::algorithms::tree_depth(n);
+  return in;
 }
 
 // What the start-up probe measured on this project's 2-core VM over shared memory (N = 4).
@@ -117,7 +137,7 @@ TEST(Tuner, TableMatchesTheModelAtEveryClassBoundary) {
     for (const char* name : {"flat", "direct", "ring"}) {
       const auto* alg = ringreduce::algorithms::find_algorithm(Collective::allreduce, name);
       if (bytes > alg->max_bytes) continue;
-      const double p = t.predict(*alg, Collective::allreduce, bytes);
+      const double p = t.predict(*alg, bytes);
       if (p < best) best = p, best_name = name;
     }
     EXPECT_EQ(pick(t, bytes), best_name) << bytes;
@@ -135,7 +155,7 @@ TEST(Tuner, ForcedAlgorithmWinsOverTheModel) {
 
 TEST(Tuner, BroadcastAndReduceBinomialSmallChainLarge) {
   for (int n : {4, 8}) {
-    auto t = with(n, false, Tuner::default_costs("tcp"));
+    auto t = with(n, false, tcp_defaults());
     EXPECT_EQ(pick(t, 4, Collective::broadcast), "binomial") << n;
     EXPECT_EQ(pick(t, 256 << 20, Collective::broadcast), "chain") << n;
     EXPECT_EQ(pick(t, 4, Collective::reduce), "binomial") << n;
@@ -149,23 +169,23 @@ TEST(CostModel, RingAndRabenseifnerMoveTheSameBytes) {
   Costs c;
   c.link = {0, 1e-9, false};
   for (int n : {2, 4, 8, 16})
-    EXPECT_NEAR(ringreduce::tuner::ring_allreduce_cost(c, n, 1 << 20),
-                ringreduce::tuner::rabenseifner_allreduce_cost(c, n, 1 << 20), 1e-9)
+    EXPECT_NEAR(ringreduce::algorithms::ring_allreduce_cost(model(c, n), 1 << 20, 0),
+                ringreduce::algorithms::rabenseifner_allreduce_cost(model(c, n), 1 << 20, 0), 1e-9)
         << n;
 }
 
 TEST(CostModel, StepCountsWhenLatencyIsAll) {
   Costs c;
   c.link = {1, 0, false};
-  using namespace ringreduce::tuner;
-  EXPECT_DOUBLE_EQ(ring_allreduce_cost(c, 8, 1), 14);         // 2(N-1)
-  EXPECT_DOUBLE_EQ(rd_allreduce_cost(c, 8, 1), 3);            // lg N
-  EXPECT_DOUBLE_EQ(rd_allreduce_cost(c, 6, 1), 4);            // lg 4 + 2 folding steps
-  EXPECT_DOUBLE_EQ(rabenseifner_allreduce_cost(c, 8, 1), 6);  // 2 lg N
-  EXPECT_DOUBLE_EQ(tree_allreduce_cost(c, 8, tree_depth(8), 1, 1 << 20), 2 * tree_depth(8));
+  using namespace ringreduce::algorithms;
+  EXPECT_DOUBLE_EQ(ring_allreduce_cost(model(c, 8), 1, 0), 14);         // 2(N-1)
+  EXPECT_DOUBLE_EQ(rd_allreduce_cost(model(c, 8), 1, 0), 3);            // lg N
+  EXPECT_DOUBLE_EQ(rd_allreduce_cost(model(c, 6), 1, 0), 4);            // lg 4 + 2 folding steps
+  EXPECT_DOUBLE_EQ(rabenseifner_allreduce_cost(model(c, 8), 1, 0), 6);  // 2 lg N
+  EXPECT_DOUBLE_EQ(tree_allreduce_cost(model(c, 8), 1, 1 << 20), 2 * tree_depth(8));
   EXPECT_EQ(tree_depth(8), 3);
-  EXPECT_DOUBLE_EQ(binomial_broadcast_cost(c, 8, 1), 3);
-  EXPECT_DOUBLE_EQ(chain_broadcast_cost(c, 8, 1, 1 << 20), 7);
+  EXPECT_DOUBLE_EQ(binomial_broadcast_cost(model(c, 8), 1, 0), 3);
+  EXPECT_DOUBLE_EQ(chain_broadcast_cost(model(c, 8), 1, 1 << 20), 7);
 }
 
 }  // namespace

@@ -5,11 +5,11 @@
 
 #include "reduce/reduce.h"
 #include "ringreduce/error.h"
-#include "transport/shm/shm_transport.h"
+#include "transport/shm/shm_kind.h"
 
 namespace ringreduce::transport::shm {
 
-ShmLink::ShmLink(ShmTransport* owner, int peer, Fifo in, Fifo out)
+ShmLink::ShmLink(ShmKind* owner, int peer, Fifo in, Fifo out)
     : owner_(owner), peer_(peer), in_(in), out_(out) {}
 
 void ShmLink::peer_failed(const std::string& what) {

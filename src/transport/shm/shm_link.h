@@ -11,11 +11,11 @@
 
 namespace ringreduce::transport::shm {
 
-class ShmTransport;
+class ShmKind;
 
 class ShmLink final : public Link {
  public:
-  ShmLink(ShmTransport* owner, int peer, Fifo in, Fifo out);
+  ShmLink(ShmKind* owner, int peer, Fifo in, Fifo out);
   int peer() const override { return peer_; }
 
   void send(const void* src, size_t bytes, Completion* c) override;
@@ -28,7 +28,7 @@ class ShmLink final : public Link {
   // that queue and next has a free slot. Otherwise the receive waits, unless progress(stage)
   // asks it to stage: the result then goes to dst and is sent from there later. Staging is what
   // keeps any schedule free of deadlock (a receive need never wait for a forward); a schedule
-  // posted slice by slice rarely needs it (ShmTransport::wait stages only before sleeping).
+  // posted slice by slice rarely needs it (the engine stages only before sleeping).
   void recv_reduce_send(void* dst, const void* local, size_t bytes, const Reduction& r, Link& next,
                         bool keep, Completion* c) override;
   // Fused: copies each incoming slot into dst and into next's outgoing slot.
@@ -106,7 +106,7 @@ class ShmLink final : public Link {
   [[noreturn]] void peer_failed(const std::string& what);
   void check_gone();
 
-  ShmTransport* owner_;
+  ShmKind* owner_;
   int peer_;
   Fifo in_;                // peer -> us, in our segment
   Fifo out_;               // us -> peer, in the peer's segment

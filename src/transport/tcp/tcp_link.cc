@@ -14,7 +14,7 @@
 #include "reduce/reduce.h"
 #include "ringreduce/error.h"
 #include "transport/tcp/frame.h"
-#include "transport/tcp/tcp_transport.h"
+#include "transport/tcp/tcp_kind.h"
 
 namespace ringreduce::transport::tcp {
 namespace {
@@ -35,7 +35,7 @@ constexpr int kMaxIov = 64;
 
 }  // namespace
 
-TcpLink::TcpLink(TcpTransport* owner, int peer, int channel, core::Fd fd)
+TcpLink::TcpLink(TcpKind* owner, int peer, int channel, core::Fd fd)
     : owner_(owner), peer_(peer), channel_(channel), fd_(std::move(fd)) {}
 
 void TcpLink::peer_failed(const std::string& what, int err) {

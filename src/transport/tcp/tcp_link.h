@@ -16,11 +16,11 @@
 
 namespace ringreduce::transport::tcp {
 
-class TcpTransport;
+class TcpKind;
 
 class TcpLink final : public Link {
  public:
-  TcpLink(TcpTransport* owner, int peer, int channel, core::Fd fd);
+  TcpLink(TcpKind* owner, int peer, int channel, core::Fd fd);
   int peer() const override { return peer_; }
   int channel() const { return channel_; }
   int fd() const { return fd_.get(); }
@@ -116,7 +116,7 @@ class TcpLink final : public Link {
   void read_pending_notice();
   void set_notice(int32_t code, int32_t blamed, const std::string& reason);
 
-  TcpTransport* owner_;
+  TcpKind* owner_;
   int peer_;
   int channel_;
   core::Fd fd_;

@@ -1,4 +1,4 @@
-#include "transport/shm/shm_transport.h"
+#include "transport/shm/shm_kind.h"
 
 #include <errno.h>
 #include <linux/membarrier.h>
@@ -20,7 +20,6 @@
 #include "core/auth.h"
 #include "core/log.h"
 #include "ringreduce/error.h"
-#include "transport/idle_policy.h"
 
 namespace ringreduce::transport::shm {
 namespace {
@@ -148,7 +147,21 @@ Mapping& Mapping::operator=(Mapping&& o) noexcept {
   return *this;
 }
 
-ShmTransport::ShmTransport(const ShmOptions& opts, Store& store, const core::Deadline& deadline)
+KindTraits ShmKind::static_traits() {
+  KindTraits t;
+  t.name = "shm";
+  // One FIFO slot per message: interleaved medians of 3 rounds at N=2, 4, 8 and 1-256 MiB
+  // (docs/PERFORMANCE.md): 4 slots of 256 KiB with 256 KiB messages were best or within noise of
+  // the best everywhere; 512 KiB messages (two slots each) lost 5-20% at N=4 and 8.
+  t.segment_bytes = kSlotBytes;
+  t.sliced = true;
+  t.stream_output = true;
+  // Round values of what the start-up probe measures on this project's 2-core VM (TUNING.md).
+  t.costs = {2e-6, 1.0 / 8e9, false};
+  return t;
+}
+
+ShmKind::ShmKind(const ShmOptions& opts, Store& store, const core::Deadline& deadline)
     : opts_(opts) {
   local_ranks_ = opts_.local_ranks;
   if (local_ranks_.empty())
@@ -159,7 +172,7 @@ ShmTransport::ShmTransport(const ShmOptions& opts, Store& store, const core::Dea
   if (local_index_.at(static_cast<size_t>(opts_.rank)) < 0)
     throw Error("shared-memory transport: this rank is not among the local ranks");
   // One FIFO per local sender and channel, at the sender's local index.
-  const size_t nfifos = local_ranks_.size() * static_cast<size_t>(opts_.channels);
+  const size_t nfifos = local_ranks_.size() * stride();
   fifo_count_ = nfifos;
   const size_t total = segment_bytes(nfifos);
   memfd_.reset(memfd_create("ringreduce-shm", MFD_CLOEXEC));
@@ -191,15 +204,15 @@ ShmTransport::ShmTransport(const ShmOptions& opts, Store& store, const core::Dea
 
   peers_.resize(static_cast<size_t>(opts_.size));
   ring_.assign(static_cast<size_t>(opts_.size), 0);
-  links_.resize(static_cast<size_t>(opts_.size) * static_cast<size_t>(opts_.channels));
+  links_.resize(static_cast<size_t>(opts_.size) * stride());
   if (local_ranks_.size() > 1) connect_peers(store, deadline);
   // The peers have mapped it; nobody needs the fd any more.
   memfd_.reset();
 }
 
-ShmTransport::~ShmTransport() = default;
+ShmKind::~ShmKind() = default;
 
-void ShmTransport::connect_peers(Store& store, const core::Deadline& deadline) {
+void ShmKind::connect_peers(Store& store, const core::Deadline& deadline) {
   const int rank = opts_.rank, size = opts_.size;
   ShmHelloMsg msg;
   ShmHello& mine = msg.hello;
@@ -326,13 +339,14 @@ void ShmTransport::connect_peers(Store& store, const core::Deadline& deadline) {
     for (int ch = 0; ch < opts_.channels; ++ch) {
       // Our FIFO from q lives in our segment at q's local index; our FIFO to q in q's at ours.
       const auto fifo = [&](int r) {
-        return static_cast<size_t>(local_index_[static_cast<size_t>(r)] * opts_.channels + ch);
+        return static_cast<size_t>(local_index_[static_cast<size_t>(r)]) * stride() +
+               static_cast<size_t>(ch);
       };
       Fifo in = fifo_at(mine_.get(), fifo(q));
       Fifo out = fifo_at(peer.segment.get(), fifo(rank));
       auto l = std::make_unique<ShmLink>(this, q, in, out);
       active_.push_back(l.get());
-      links_[static_cast<size_t>(q * opts_.channels + ch)] = std::move(l);
+      links_[static_cast<size_t>(q) * stride() + static_cast<size_t>(ch)] = std::move(l);
     }
   }
   asymmetric_fence_ = mine_.header()->membarrier_ok != 0;
@@ -364,7 +378,7 @@ uint64_t digest(const OpTag& t) {
 
 }  // namespace
 
-void ShmTransport::begin_op(const OpTag& tag, bool stream_output) {
+void ShmKind::begin_op(const OpTag& tag, bool stream_output) {
   tag_ = tag;
   stream_output_ = stream_output;
   fingerprint_ = digest(tag);
@@ -381,7 +395,7 @@ void ShmTransport::begin_op(const OpTag& tag, bool stream_output) {
   h->op_seq.store(tag.seq, std::memory_order_release);
 }
 
-bool ShmTransport::read_peer_tag(int q, OpTag* tag) {
+bool ShmKind::read_peer_tag(int q, OpTag* tag) {
   const SegmentHeader* h = peers_[static_cast<size_t>(q)].segment.header();
   const uint64_t v1 = h->op_version.load(std::memory_order_acquire);
   if (v1 % 2 != 0) return false;
@@ -394,7 +408,7 @@ bool ShmTransport::read_peer_tag(int q, OpTag* tag) {
   return true;
 }
 
-void ShmTransport::check_peer_calls() {
+void ShmKind::check_peer_calls() {
   for (int q : local_ranks_) {
     if (q == opts_.rank) continue;
     OpTag t;
@@ -403,21 +417,23 @@ void ShmTransport::check_peer_calls() {
   }
 }
 
-const char* ShmTransport::window_of(int rank) const {
+const char* ShmKind::window_of(int rank) const {
   if (rank == opts_.rank) return mine_window_;
   return static_cast<const char*>(peers_[static_cast<size_t>(rank)].segment.get()) +
          window_offset(fifo_count_);
 }
 
-Link& ShmTransport::link(int peer, int channel) {
-  ShmLink* l = slot(peer, channel);
+Link& ShmKind::link(int peer, int channel) {
+  ShmLink* l = peer >= 0 && peer < opts_.size && channel >= 0 && channel < opts_.channels
+                   ? slot(peer, channel)
+                   : nullptr;
   if (!l)
     throw Error("no link from rank " + std::to_string(opts_.rank) + " to rank " +
                 std::to_string(peer));
   return *l;
 }
 
-bool ShmTransport::progress_all(bool stage) {
+bool ShmKind::progress_all(bool stage) {
   bool any = false;
   for (ShmLink* l : active_)
     if (!l->idle() || l->peer_gone()) any |= l->progress(stage);
@@ -425,7 +441,7 @@ bool ShmTransport::progress_all(bool stage) {
   return any;
 }
 
-void ShmTransport::flush_rings() {
+void ShmKind::flush_rings() {
   bool pending = false;
   for (uint8_t r : ring_) pending |= r != 0;
   if (!pending) return;
@@ -447,7 +463,7 @@ void ShmTransport::flush_rings() {
   }
 }
 
-int ShmTransport::begin_sleep() {
+int ShmKind::prepare_sleep() {
   SegmentHeader* h = mine_.header();
   h->sleeping.store(1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -459,13 +475,13 @@ int ShmTransport::begin_sleep() {
   return 1000;
 }
 
-void ShmTransport::end_sleep() {
+void ShmKind::end_sleep() {
   mine_.header()->sleeping.store(0, std::memory_order_relaxed);
 }
 
-void ShmTransport::handle_events(int timeout_ms) {
+void ShmKind::handle_events() {
   epoll_event events[16];
-  int n = epoll_wait(epoll_.get(), events, 16, timeout_ms);
+  int n = epoll_wait(epoll_.get(), events, 16, 0);
   for (int i = 0; i < n; ++i) {
     if (events[i].data.u64 == kDoorbellEvent) {
       uint64_t v;
@@ -484,13 +500,13 @@ void ShmTransport::handle_events(int timeout_ms) {
   }
 }
 
-void ShmTransport::throw_if_notice() {
+void ShmKind::throw_if_notice() {
   // A peer is failing the job: fail this op now with its reason rather than at the deadline.
   for (ShmLink* l : active_)
     if (l->has_notice()) std::rethrow_exception(l->notice());
 }
 
-int ShmTransport::stuck_peer(bool* sending) const {
+int ShmKind::stuck_peer(bool* sending) const {
   *sending = false;
   for (ShmLink* l : active_)
     if (l->has_pending_recv()) return l->peer();
@@ -500,90 +516,43 @@ int ShmTransport::stuck_peer(bool* sending) const {
   return -1;
 }
 
-template <class Recheck>
-void ShmTransport::sleep(const core::Deadline& deadline, Recheck&& recheck) {
-  const int cap_ms = begin_sleep();
-  // Whatever a peer published before it could see the flag is found by this pass.
-  if (recheck()) {
-    end_sleep();
-    return;
-  }
-  handle_events(deadline.remaining_ms(cap_ms));
-  end_sleep();
-}
-
-template <class Poll, class Moved, class OnTimeout>
-void ShmTransport::drive(Poll&& poll, Moved&& moved, OnTimeout&& on_timeout,
-                         const core::Deadline& deadline) {
-  // Primitives posted since the last pass may have moved eagerly and owe their peers a wake-up,
-  // even when the wait is over already.
-  flush_rings();
-  IdlePolicy idle(opts_.yield_while_spinning, opts_.max_idle_yields, opts_.spin_us);
-  for (;;) {
-    if (interrupted_.load(std::memory_order_acquire)) {
-      std::lock_guard<std::mutex> lock(interrupt_mu_);
-      throw_interrupt(interrupt_reason_, interrupt_code_);
-    }
-    if (poll()) return;
-    const bool any = moved();
-    throw_if_notice();
-    if (deadline.expired()) on_timeout();
-    if (!idle.should_sleep(any)) continue;
-    // Nothing moves: if a peer is in another call (whatever algorithm it runs), say so now.
-    check_peer_calls();
-    // Nothing has moved for a while: forwards that wait for room stage their data instead (see
-    // ShmLink), which is what guarantees progress whatever order the algorithm posted in.
-    sleep(deadline, [&] { return progress_all(/*stage=*/true) || poll(); });
-  }
-}
-
-void ShmTransport::wait(Completion& c, const core::Deadline& deadline) {
-  bool moved = false;
-  drive(
-      [&] {
-        if (c.done()) return true;
-        moved = progress_all();
-        return c.done();
-      },
-      [&] { return moved; }, [&] { throw_timeout(); }, deadline);
-}
-
-void ShmTransport::ShmWindow::notify() {
+void ShmKind::ShmWindow::notify() {
   for (int q = 0; q < t_->opts_.size; ++q)
     if (q != t_->opts_.rank) t_->ring(q);
   t_->flush_rings();
 }
 
-void ShmTransport::ShmWindow::wait(ReadyFn ready, int waiting_for, const core::Deadline& deadline) {
+void ShmKind::ShmWindow::wait(ReadyFn ready, int waiting_for, const core::Deadline& deadline) {
   if (ready()) return;
   // A peer on another core usually stamps within a cache-line transfer of us: watch for that
   // alone first, without the engine's checks and clock reads. Not when ranks outnumber cores:
   // then the peer may need this very core.
-  if (!t_->opts_.yield_while_spinning)
+  if (!t_->opts_.oversubscribed)
     for (int i = 0; i < kPreSpin; ++i) {
       cpu_relax();
       if (ready()) return;
     }
   bool moved = false;
-  t_->drive(
-      [&] {
-        if (ready()) return true;
-        // A peer that went away cannot post what we wait for any more.
-        for (ShmLink* l : t_->active_)
-          if (l->peer_gone())
-            throw PeerError("peer rank " + std::to_string(l->peer()) +
-                                " exited (its shared-memory connection closed)",
-                            l->peer());
-        // The links carry abort notices, and work of an algorithm that also sends messages.
-        moved = t_->progress_all();
-        return false;
-      },
-      [&] { return moved; },
-      [&] { throw TimeoutError("timed out waiting for rank " + std::to_string(waiting_for)); },
-      deadline);
+  auto poll = [&] {
+    if (ready()) return true;
+    // A peer that went away cannot post what we wait for any more.
+    for (ShmLink* l : t_->active_)
+      if (l->peer_gone())
+        throw PeerError("peer rank " + std::to_string(l->peer()) +
+                            " exited (its shared-memory connection closed)",
+                        l->peer());
+    // The links carry abort notices, and work of an algorithm that also sends messages.
+    moved = t_->driver_->poll_all(false);
+    return false;
+  };
+  auto was_moved = [&] { return moved; };
+  auto timeout = [&] {
+    throw TimeoutError("timed out waiting for rank " + std::to_string(waiting_for));
+  };
+  t_->driver_->drive(poll, was_moved, timeout, deadline);
 }
 
-void ShmTransport::ShmWindow::mismatch(int rank) {
+void ShmKind::ShmWindow::mismatch(int rank) {
   OpTag t;
   bool read = false;
   for (int tries = 0; tries < 1000 && !(read = t_->read_peer_tag(rank, &t)); ++tries) sched_yield();
@@ -591,7 +560,7 @@ void ShmTransport::ShmWindow::mismatch(int rank) {
                       (read && t.seq == t_->tag_.seq ? t_->describe(t) : "another call"));
 }
 
-void ShmTransport::ShmWindow::wait_all_reached(uint64_t seq, const core::Deadline& deadline) {
+void ShmKind::ShmWindow::wait_all_reached(uint64_t seq, const core::Deadline& deadline) {
   if (floor_ >= seq) return;
   int behind = -1;
   auto ready = [&] {
@@ -608,15 +577,7 @@ void ShmTransport::ShmWindow::wait_all_reached(uint64_t seq, const core::Deadlin
   wait(ready, behind, deadline);
 }
 
-void ShmTransport::throw_timeout() {
-  bool sending = false;
-  const int q = stuck_peer(&sending);
-  if (q < 0) throw TimeoutError("timed out");
-  throw TimeoutError("timed out waiting for rank " + std::to_string(q) +
-                     (sending ? " to take our data" : ""));
-}
-
-void ShmTransport::abort(int code, int blamed_rank, const std::string& reason) {
+void ShmKind::abort(int code, int blamed_rank, const std::string& reason) {
   if (aborted_) return;
   aborted_ = true;
   for (ShmLink* l : active_) l->fail(code, blamed_rank, reason);
@@ -630,27 +591,10 @@ void ShmTransport::abort(int code, int blamed_rank, const std::string& reason) {
   }
 }
 
-std::exception_ptr ShmTransport::find_cause(std::chrono::milliseconds grace, int blamed) {
-  const auto until = core::Clock::now() + grace;
-  for (;;) {
-    for (ShmLink* l : active_)
-      if (l->has_notice() && is_deeper_cause(l->notice(), blamed)) return l->notice();
-    if (core::Clock::now() >= until) return nullptr;
-    usleep(1000);
-  }
-}
-
-void ShmTransport::interrupt(const std::string& reason, int code) {
-  {
-    std::lock_guard<std::mutex> lock(interrupt_mu_);
-    if (interrupted_.load()) return;
-    interrupt_reason_ = reason;
-    interrupt_code_ = code;
-  }
-  interrupted_.store(true, std::memory_order_release);
-  uint64_t one = 1;
-  ssize_t ignored = ::write(doorbell_.get(), &one, sizeof one);
-  (void)ignored;
+std::exception_ptr ShmKind::find_cause(int blamed) {
+  for (ShmLink* l : active_)
+    if (l->has_notice() && is_deeper_cause(l->notice(), blamed)) return l->notice();
+  return nullptr;
 }
 
 }  // namespace ringreduce::transport::shm

@@ -1,4 +1,4 @@
-#include "transport/tcp/tcp_transport.h"
+#include "transport/tcp/tcp_kind.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -46,17 +46,23 @@ constexpr auto kHelloGrace = std::chrono::seconds(10);
 
 }  // namespace
 
-TcpTransport::TcpTransport(const TcpOptions& opts, const core::Config& config, Store& store,
-                           const core::Deadline& deadline)
+KindTraits TcpKind::static_traits() {
+  KindTraits t;
+  t.name = "tcp";
+  // 512 KiB: on loopback every segment costs a frame, a wake-up and a syscall or two, and cutting
+  // 1-8 MiB allreduces into quarter steps (64-256 KiB) lost 10-45% against whole 512 KiB segments
+  // (docs/PERFORMANCE.md); above, 512 KiB pipelines as well as 2 MiB.
+  t.segment_bytes = 512 << 10;
+  // Round values of what the start-up probe measures on loopback here (docs/TUNING.md).
+  t.costs = {20e-6, 1.0 / 2e9, false};
+  return t;
+}
+
+TcpKind::TcpKind(const TcpOptions& opts, const core::Config& config, Store& store,
+                 const core::Deadline& deadline)
     : opts_(opts) {
   epoll_.reset(epoll_create1(EPOLL_CLOEXEC));
-  wake_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!epoll_.valid() || !wake_.valid())
-    throw Error(std::string("epoll/eventfd creation failed: ") + strerror(errno));
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.ptr = nullptr;  // the wake-up fd
-  epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_.get(), &ev);
+  if (!epoll_.valid()) throw Error(std::string("epoll creation failed: ") + strerror(errno));
   if (opts_.nsocks < 1) opts_.nsocks = 1;
   links_.resize(static_cast<size_t>(opts_.size) * static_cast<size_t>(wires()));
   connect_.assign(static_cast<size_t>(opts_.size), opts_.peers.empty());
@@ -70,9 +76,9 @@ TcpTransport::TcpTransport(const TcpOptions& opts, const core::Config& config, S
   }
 }
 
-TcpTransport::~TcpTransport() = default;
+TcpKind::~TcpKind() = default;
 
-Link& TcpTransport::link(int peer, int channel) {
+Link& TcpKind::link(int peer, int channel) {
   if (opts_.nsocks > 1) {
     auto& s = striped_[static_cast<size_t>(peer) * static_cast<size_t>(opts_.channels) +
                        static_cast<size_t>(channel)];
@@ -89,8 +95,8 @@ Link& TcpTransport::link(int peer, int channel) {
   return *l;
 }
 
-void TcpTransport::connect_mesh(const core::Config& config, Store& store,
-                                const core::Deadline& deadline) {
+void TcpKind::connect_mesh(const core::Config& config, Store& store,
+                           const core::Deadline& deadline) {
   // Every connection is a "channel" here: the wires of striped links count as channels too.
   const int rank = opts_.rank, size = opts_.size, channels = wires();
   SockAddr want = choose_data_address(config, opts_.store_host);
@@ -237,7 +243,7 @@ void TcpTransport::connect_mesh(const core::Config& config, Store& store,
     std::vector<pollfd> pfds;
     pfds.push_back({listener_.get(), POLLIN, 0});
     for (auto& p : pending) pfds.push_back({p.fd.get(), POLLIN, 0});
-    int n = poll(pfds.data(), pfds.size(), std::min(deadline.remaining_ms(), 100));
+    int n = ::poll(pfds.data(), pfds.size(), std::min(deadline.remaining_ms(), 100));
     if (n < 0 && errno != EINTR) throw Error(std::string("poll failed: ") + strerror(errno));
     if (pfds[0].revents & POLLIN) {
       for (int i = 0; i < 64; ++i) {
@@ -341,7 +347,7 @@ void TcpTransport::connect_mesh(const core::Config& config, Store& store,
          opts_.nsocks, " socket(s)");
 }
 
-void TcpTransport::update_interest(TcpLink& link) {
+void TcpKind::update_interest(TcpLink& link) {
   if (!link.registered) return;
   if (link.finished()) {
     epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, link.fd(), nullptr);
@@ -357,19 +363,7 @@ void TcpTransport::update_interest(TcpLink& link) {
   link.registered_events = want;
 }
 
-namespace {
-char kWatchedMarker;  // epoll data of an fd added with watch()
-}  // namespace
-
-void TcpTransport::watch(int fd) {
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.ptr = &kWatchedMarker;
-  if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0)
-    throw Error(std::string("epoll_ctl failed: ") + strerror(errno));
-}
-
-bool TcpTransport::poll_events(int timeout_ms, bool* watched) {
+bool TcpKind::poll_events(int timeout_ms) {
   epoll_event events[64];
   int n = epoll_wait(epoll_.get(), events, 64, timeout_ms);
   if (n < 0) {
@@ -378,16 +372,6 @@ bool TcpTransport::poll_events(int timeout_ms, bool* watched) {
   }
   bool any = false;
   for (int i = 0; i < n; ++i) {
-    if (events[i].data.ptr == nullptr) {
-      uint64_t v;
-      ssize_t ignored = ::read(wake_.get(), &v, sizeof v);
-      (void)ignored;
-      continue;
-    }
-    if (events[i].data.ptr == &kWatchedMarker) {
-      if (watched) *watched = true;
-      continue;
-    }
     auto* link = static_cast<TcpLink*>(events[i].data.ptr);
     if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) link->on_readable();
     if (events[i].events & (EPOLLOUT | EPOLLERR)) link->on_writable();
@@ -397,13 +381,13 @@ bool TcpTransport::poll_events(int timeout_ms, bool* watched) {
   return any;
 }
 
-void TcpTransport::throw_if_notice() {
+void TcpKind::throw_if_notice() {
   if (!notices_) return;
   for (const auto& l : links_)
     if (l && l->notice()) std::rethrow_exception(l->notice());
 }
 
-int TcpTransport::stuck_peer(bool* sending) const {
+int TcpKind::stuck_peer(bool* sending) const {
   *sending = false;
   for (const auto& l : links_)
     if (l && l->has_pending_recv()) return l->peer();
@@ -413,7 +397,7 @@ int TcpTransport::stuck_peer(bool* sending) const {
   return -1;
 }
 
-int TcpTransport::unreachable_peer(int64_t* ms) const {
+int TcpKind::unreachable_peer(int64_t* ms) const {
   // A live host acknowledges within a round trip, its process stopped or not, and retransmits
   // over a lossy link are answered within a few hundred ms: a second is far beyond either.
   constexpr int64_t kUnreachableMs = 1000;
@@ -427,7 +411,7 @@ int TcpTransport::unreachable_peer(int64_t* ms) const {
   return q;
 }
 
-std::string TcpTransport::unreachable_text() const {
+std::string TcpKind::unreachable_text() const {
   int64_t ms = 0;
   const int q = unreachable_peer(&ms);
   if (q < 0) return {};
@@ -437,36 +421,7 @@ std::string TcpTransport::unreachable_text() const {
          ": its host has acknowledged nothing for " + secs + " s (is the network to it down?)";
 }
 
-void TcpTransport::wait(Completion& c, const core::Deadline& deadline) {
-  using namespace std::chrono;
-  const auto spin_until = core::Clock::now() + microseconds(opts_.spin_us);
-  while (!c.done()) {
-    if (interrupted_.load(std::memory_order_acquire)) {
-      std::lock_guard<std::mutex> lock(interrupt_mu_);
-      throw_interrupt(interrupt_reason_, interrupt_code_);
-    }
-    const bool spinning = core::Clock::now() < spin_until;
-    const bool any = poll_events(spinning ? 0 : std::min(deadline.remaining_ms(), 1000));
-    // A peer is failing the job: fail this op now with its reason rather than at the deadline,
-    // even if this op does not wait on that peer.
-    if (!c.done()) throw_if_notice();
-    if (!any && spinning && opts_.yield_while_spinning) sched_yield();
-    // Checked on every pass, not only when epoll_wait times out: a link that keeps reporting
-    // events without progress must not extend the wait past its deadline.
-    if (!c.done() && deadline.expired()) throw_timeout(deadline);
-  }
-}
-
-void TcpTransport::throw_timeout(const core::Deadline&) {
-  if (std::string text = unreachable_text(); !text.empty()) throw TimeoutError(text);
-  bool sending = false;
-  const int q = stuck_peer(&sending);
-  if (q < 0) throw TimeoutError("timed out");
-  throw TimeoutError("timed out waiting for rank " + std::to_string(q) +
-                     (sending ? " to take our data" : ""));
-}
-
-void TcpTransport::abort(int code, int blamed_rank, const std::string& reason) {
+void TcpKind::abort(int code, int blamed_rank, const std::string& reason) {
   if (aborted_) return;
   aborted_ = true;
   for (auto& l : links_) {
@@ -476,35 +431,14 @@ void TcpTransport::abort(int code, int blamed_rank, const std::string& reason) {
   }
 }
 
-std::exception_ptr TcpTransport::find_cause(std::chrono::milliseconds grace, int blamed) {
-  const auto until = core::Clock::now() + grace;
-  std::vector<pollfd> open;
-  for (;;) {
-    open.clear();
-    for (const auto& l : links_) {
-      if (!l) continue;
-      const bool done = l->salvage_notice();
-      if (l->notice() && is_deeper_cause(l->notice(), blamed)) return l->notice();
-      if (!done) open.push_back({l->fd(), POLLIN, 0});
-    }
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(until - core::Clock::now()).count();
-    if (open.empty() || left <= 0) return nullptr;
-    ::poll(open.data(), open.size(), static_cast<int>(std::min<int64_t>(left, 10)));
+std::exception_ptr TcpKind::find_cause(int blamed) {
+  // One look at what each peer has sent so far; the engine looks again until its grace is over.
+  for (const auto& l : links_) {
+    if (!l) continue;
+    l->salvage_notice();
+    if (l->notice() && is_deeper_cause(l->notice(), blamed)) return l->notice();
   }
-}
-
-void TcpTransport::interrupt(const std::string& reason, int code) {
-  {
-    std::lock_guard<std::mutex> lock(interrupt_mu_);
-    if (interrupted_.load()) return;
-    interrupt_reason_ = reason;
-    interrupt_code_ = code;
-  }
-  interrupted_.store(true, std::memory_order_release);
-  uint64_t one = 1;
-  ssize_t ignored = ::write(wake_.get(), &one, sizeof one);
-  (void)ignored;
+  return nullptr;
 }
 
 }  // namespace ringreduce::transport::tcp

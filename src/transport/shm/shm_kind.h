@@ -1,4 +1,5 @@
-// Shared-memory transport for a communicator whose ranks all run on one host.
+// The shared-memory kind of link: the peers on this host (the transport table routes them here
+// unless RINGREDUCE_SHM=0).
 //
 // Start-up: each rank creates a memfd segment for the FIFOs its peers write into (shm_layout.h)
 // and an eventfd doorbell, listens on an abstract Unix socket named after the communicator id and
@@ -6,26 +7,25 @@
 // the abstract names vanish with their sockets, so a crash leaves nothing behind. The sockets stay
 // open for the communicator's life: a peer's socket closing is how its death is seen.
 //
-// Progress: the waiting thread polls its links (bounded spin, yielding when ranks outnumber
-// cores), then sleeps in epoll_wait on its doorbell and the peers' sockets. A rank that makes
+// Progress: the engine (engine.h) polls the links, then sleeps in epoll_wait on, among others,
+// this kind's epoll fd, which holds the doorbell and the peers' sockets. A rank that makes
 // progress possible for a sleeping peer (published a slot, or released one) writes the peer's
 // doorbell; a flag in the peer's segment says whether it sleeps, so a busy pair never makes a
 // syscall. (An eventfd rather than a bare futex, so that one epoll_wait covers the doorbell, the
-// peers' liveness and the interrupt.)
+// peers' liveness and the engine's other events.)
 #pragma once
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "core/deadline.h"
 #include "core/fd.h"
 #include "ringreduce/store.h"
+#include "transport/kind.h"
 #include "transport/link.h"
 #include "transport/shm/shm_layout.h"
 #include "transport/shm/shm_link.h"
@@ -37,14 +37,11 @@ struct ShmOptions {
   int size = 1;
   int channels = 1;
   uint64_t comm_id = 0;
-  // The communicator's ranks on this host, in rank order, this one among them; empty: all. A
-  // HybridTransport gives the ranks it shares the host with; links to the others are TCP ones.
+  // The communicator's ranks on this host, in rank order, this one among them; empty: all. Links
+  // to the others belong to other kinds.
   std::vector<int> local_ranks;
-  int spin_us = 50;
-  // Ranks outnumber cores: instead of spinning for spin_us, a waiter yields its core at once and
-  // sleeps after max_idle_yields yields in a row found nothing to do (transport/idle_policy.h).
-  bool yield_while_spinning = false;
-  int max_idle_yields = 8;
+  // Ranks outnumber cores: a window wait yields at once instead of spinning on its peers first.
+  bool oversubscribed = false;
   // RINGREDUCE_TOKEN: peers prove they hold it before their segments are mapped; empty: no proof.
   std::string token;
 };
@@ -67,47 +64,48 @@ class Mapping {
   size_t n_ = 0;
 };
 
-class ShmTransport final : public Transport {
+class ShmKind final : public LinkKind {
  public:
-  // Every rank of the communicator must be on this host. Bounded by deadline.
-  ShmTransport(const ShmOptions& opts, Store& store, const core::Deadline& deadline);
-  ~ShmTransport() override;
+  // Connects to every other rank of local_ranks. Bounded by deadline.
+  ShmKind(const ShmOptions& opts, Store& store, const core::Deadline& deadline);
+  ~ShmKind() override;
 
-  int rank() const override { return opts_.rank; }
-  int size() const override { return opts_.size; }
-  int channels() const override { return opts_.channels; }
+  // What shared memory offers, before anything is measured.
+  static KindTraits static_traits();
+  const KindTraits& traits() const override { return traits_; }
+  int rank() const { return opts_.rank; }
+  int size() const { return opts_.size; }
   Link& link(int peer, int channel) override;
   // Only when every rank is here: the window algorithms read every rank's region.
   Window* window() override {
     return local_ranks_.size() == static_cast<size_t>(opts_.size) ? &window_ : nullptr;
   }
-  void begin_op(const OpTag& tag, bool stream_output = false) override;
-  void wait(Completion& c, const core::Deadline& deadline) override;
-  void abort(int code, int blamed_rank, const std::string& reason) override;
-  void interrupt(const std::string& reason, int code) override;
-  std::exception_ptr find_cause(std::chrono::milliseconds grace, int blamed) override;
+  void set_driver(Driver* driver) override { driver_ = driver; }
+  void begin_op(const OpTag& tag, bool stream_output) override;
   void set_describer(std::function<std::string(const OpTag&)> f) override {
     describe_ = std::move(f);
   }
-
   std::string describe(const OpTag& t) const { return describe_ ? describe_(t) : "an op"; }
 
-  // The engine's parts, for a transport that drives shared-memory and TCP links together
-  // (HybridTransport). poll: one pass over the links (staging forwards that wait for room when
-  // `stage`), then the wake-ups it owes; returns whether anything moved.
-  bool poll(bool stage) { return progress_all(stage); }
-  void throw_if_notice();
-  void check_calls() { check_peer_calls(); }
-  // Readable when a peer rings our doorbell or a peer's process goes away.
-  int event_fd() const { return epoll_.get(); }
+  // One pass over the links (staging forwards that wait for room when `stage`), then the
+  // wake-ups it owes; returns whether anything moved.
+  bool poll(bool stage) override { return progress_all(stage); }
+  void flush() override { flush_rings(); }
+  void throw_if_notice() override;
+  // A peer that has begun this op's sequence number with another call: MismatchError.
+  void check_idle() override { check_peer_calls(); }
   // Raises the sleep flag that makes peers ring us (see asymmetric_fence_); returns the longest
   // sleep that is safe, in ms. end_sleep lowers it.
-  int begin_sleep();
-  void end_sleep();
+  int prepare_sleep() override;
+  void end_sleep() override;
+  // Readable when a peer rings our doorbell or a peer's process goes away.
+  int event_fd() const override { return epoll_.get(); }
   // Reads the doorbell and the peers' sockets, without blocking.
-  void handle_events(int timeout_ms = 0);
-  // The peer a timed-out wait is pinned on (a pending receive first), or -1.
-  int stuck_peer(bool* sending) const;
+  void handle_events() override;
+  int stuck_peer(bool* sending) const override;
+  void abort(int code, int blamed_rank, const std::string& reason) override;
+  std::exception_ptr find_cause(int blamed) override;
+
   const OpTag& tag() const { return tag_; }
   // Whether this op writes its output with streaming stores (see begin_op).
   bool stream_output() const { return stream_output_; }
@@ -118,7 +116,7 @@ class ShmTransport final : public Transport {
  private:
   class ShmWindow final : public Window {
    public:
-    explicit ShmWindow(ShmTransport* t) : t_(t) {}
+    explicit ShmWindow(ShmKind* t) : t_(t) {}
     size_t bytes() const override { return kWindowBytes; }
     char* mine() override { return t_->mine_window_; }
     const char* of(int rank) override { return t_->window_of(rank); }
@@ -130,36 +128,30 @@ class ShmTransport final : public Transport {
     void note_all_reached(uint64_t seq) override { floor_ = std::max(floor_, seq); }
 
    private:
-    ShmTransport* t_;
+    ShmKind* t_;
     uint64_t floor_ = 0;  // every peer is known to have reached this op
   };
 
   void connect_peers(Store& store, const core::Deadline& deadline);
   bool progress_all(bool stage = false);
   void flush_rings();
-  // The engine behind wait() and Window::wait(): poll() makes what progress it can and returns
-  // whether the wait is over; moved() says whether that pass moved anything.
-  template <class Poll, class Moved, class OnTimeout>
-  void drive(Poll&& poll, Moved&& moved, OnTimeout&& on_timeout, const core::Deadline& deadline);
-  // Sleeps on the doorbell unless recheck(), run after the sleep flag is raised, finds work.
-  template <class Recheck>
-  void sleep(const core::Deadline& deadline, Recheck&& recheck);
-  [[noreturn]] void throw_timeout();
   // A peer that has begun this op's sequence number with another call: MismatchError.
   void check_peer_calls();
   // The tag a peer published for the op it has begun; false if it is being rewritten.
   bool read_peer_tag(int q, OpTag* tag);
   const char* window_of(int rank) const;
+  // Per peer: its channels' links.
+  size_t stride() const { return static_cast<size_t>(opts_.channels); }
   ShmLink* slot(int peer, int channel) {
-    return links_[static_cast<size_t>(peer) * static_cast<size_t>(opts_.channels) +
-                  static_cast<size_t>(channel)]
-        .get();
+    return links_[static_cast<size_t>(peer) * stride() + static_cast<size_t>(channel)].get();
   }
 
   ShmOptions opts_;
+  KindTraits traits_ = static_traits();
+  Driver* driver_ = nullptr;
   Mapping mine_;
   core::Fd memfd_;
-  core::Fd doorbell_;  // our eventfd; peers write it, interrupt() too
+  core::Fd doorbell_;  // our eventfd; peers write it
   core::Fd epoll_;
   struct Peer {
     Mapping segment;
@@ -180,10 +172,6 @@ class ShmTransport final : public Transport {
   char* mine_window_ = nullptr;
   ShmWindow window_{this};
   std::function<std::string(const OpTag&)> describe_;
-  std::atomic<bool> interrupted_{false};
-  std::mutex interrupt_mu_;
-  std::string interrupt_reason_;
-  int interrupt_code_ = 0;
   bool aborted_ = false;
   // The sleep/wake handshake (flush_rings, sleep) is Dekker's: a waker stores its data and then
   // loads the peer's sleep flag, a sleeper stores its flag and then loads the data. Either both

@@ -1,0 +1,58 @@
+#include "algorithms/collectives.h"
+
+#include <iterator>
+
+#include "ringreduce/error.h"
+
+namespace ringreduce::algorithms {
+namespace {
+
+using B = Blocks;
+using H = Holder;
+using I = InPlace;
+
+// clang-format off
+constexpr CollectiveFacts kFacts[] = {
+    // kind                     name              root   op     send         send on    recv         recv on    in place   default
+    {Collective::allreduce,      "allreduce",      false, true,  B::one,      H::all,    B::one,      H::all,    I::same,   "ring"},
+    // In place: recv is block `rank` of send (recv == send would overwrite block 0 while it may
+    // still be on its way to the next rank).
+    {Collective::reduce_scatter, "reduce_scatter", false, true,  B::per_rank, H::all,    B::one,      H::all,    I::offset, "ring"},
+    // The own block is copied into place before anything arrives: send may be recv or block `rank`.
+    {Collective::allgather,      "allgather",      false, false, B::one,      H::all,    B::per_rank, H::all,    I::any,    "ring"},
+    // Out of place, the root sends from send and copies it to its recv.
+    {Collective::broadcast,      "broadcast",      true,  false, B::one,      H::root,   B::one,      H::all,    I::same,   "chain"},
+    {Collective::reduce,         "reduce",         true,  true,  B::one,      H::all,    B::one,      H::root,   I::same,   "chain"},
+    {Collective::alltoall,       "alltoall",       false, false, B::per_rank, H::all,    B::per_rank, H::all,    I::never,  "pairwise"},
+    {Collective::barrier,        "barrier",        false, false, B::none,     H::all,    B::none,     H::all,    I::same,   "dissemination"},
+};
+// clang-format on
+
+}  // namespace
+
+std::span<const CollectiveFacts> all_facts() {
+  return kFacts;
+}
+
+const CollectiveFacts* find_facts(Collective c) {
+  // Rows are in Collective order from 1: a call's lookup is an index, not a search.
+  const size_t i = static_cast<size_t>(c) - 1;
+  if (i < std::size(kFacts) && kFacts[i].kind == c) return &kFacts[i];
+  for (const auto& f : kFacts)
+    if (f.kind == c) return &f;
+  return nullptr;
+}
+
+const CollectiveFacts& facts(Collective c) {
+  const CollectiveFacts* f = find_facts(c);
+  if (!f) throw InvalidArgument("unknown collective " + std::to_string(static_cast<int>(c)));
+  return *f;
+}
+
+const CollectiveFacts* facts_by_name(const std::string& name) {
+  for (const auto& f : kFacts)
+    if (name == f.name) return &f;
+  return nullptr;
+}
+
+}  // namespace ringreduce::algorithms

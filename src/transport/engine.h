@@ -1,0 +1,85 @@
+// The progress engine: the one Transport every communicator has, over the kinds of link the
+// transport table routed its peers to (table.h). link(peer) is the link of the peer's kind; wait()
+// is the one loop that moves every kind's links, reads their failures, and sleeps on all of their
+// events at once, so that a forward crossing kinds (the first rank of a host in a ring receives
+// over TCP and sends over shared memory) moves as soon as either side can.
+//
+// Waiting: poll every kind (bounded spin with no more ranks than cores, yielding at once when
+// ranks outnumber them: idle_policy.h); when nothing has moved for a while, ask the kinds for their
+// idle checks (a peer in another call), raise every kind's sleep flag, look once more, and sleep
+// in epoll_wait on every kind's event fd and the engine's own eventfd, which interrupt() writes.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/fd.h"
+#include "transport/kind.h"
+#include "transport/link.h"
+
+namespace ringreduce::transport {
+
+struct EngineOptions {
+  int rank = 0;
+  int size = 1;
+  int channels = 1;
+  // Poll this long before sleeping: a sleeping thread costs tens of µs to wake.
+  int spin_us = 50;
+  // Ranks outnumber cores: yield at once, sleep after max_idle_yields idle yields in a row.
+  bool oversubscribed = false;
+  int max_idle_yields = 8;
+};
+
+class Engine final : public Transport, public Driver {
+ public:
+  // kinds in table order (fastest first); route[r]: the index in kinds of the kind linking rank r
+  // (-1 for this rank). At least one kind.
+  Engine(const EngineOptions& options, std::vector<std::unique_ptr<LinkKind>> kinds,
+         std::vector<int> route);
+  ~Engine() override;
+
+  int rank() const override { return opts_.rank; }
+  int size() const override { return opts_.size; }
+  int channels() const override { return opts_.channels; }
+  Link& link(int peer, int channel) override;
+  Window* window() override { return window_; }
+  void begin_op(const OpTag& tag, bool stream_output = false) override;
+  void wait(Completion& c, const core::Deadline& deadline) override;
+  void abort(int code, int blamed_rank, const std::string& reason) override;
+  std::exception_ptr find_cause(std::chrono::milliseconds grace, int blamed) override;
+  void set_describer(std::function<std::string(const OpTag&)> f) override;
+  void interrupt(const std::string& reason, int code) override;
+
+  void drive(FnRef<bool> poll, FnRef<bool> moved, FnRef<void> on_timeout,
+             const core::Deadline& deadline) override;
+  bool poll_all(bool stage) override;
+
+  // What the communicator's links offer: its slowest kind's traits (the last of the table's
+  // kinds it uses: every ring crosses it).
+  const KindTraits& traits() const { return kinds_.back()->traits(); }
+  // The kinds in use, for logs: "shm", "tcp", "shm+tcp".
+  std::string kinds_text() const;
+
+ private:
+  void check_interrupt();
+  void throw_if_notice();
+  // Sleeps on every kind's events unless recheck(), run once every sleep flag is up, finds work.
+  void sleep(const core::Deadline& deadline, FnRef<bool> recheck);
+  [[noreturn]] void throw_timeout();
+
+  EngineOptions opts_;
+  std::vector<std::unique_ptr<LinkKind>> kinds_;
+  std::vector<LinkKind*> route_;  // by rank
+  Window* window_ = nullptr;
+  core::Fd epoll_;
+  core::Fd wake_;  // eventfd: interrupt() wakes a sleeping wait through it
+  std::atomic<bool> interrupted_{false};
+  std::mutex interrupt_mu_;
+  std::string interrupt_reason_;
+  int interrupt_code_ = 0;
+};
+
+}  // namespace ringreduce::transport

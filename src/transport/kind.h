@@ -1,0 +1,107 @@
+// A kind of link (shared memory, TCP; a device link later) as the progress engine sees it: the
+// links it made to the peers routed to it, what it offers (its traits), and the few hooks the one
+// engine (engine.h) calls to move its bytes, learn of its failures and sleep on its events. The
+// transport table (table.h) decides, per peer, which kind links to it, as NCCL's transport table
+// does: the first kind in the table that can connect the pair.
+//
+// A kind never waits by itself: waiting is the engine's, so that every wait (a collective's, a
+// window's, a point-to-point receive's) moves the links of every kind at once.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <exception>
+#include <functional>
+#include <string>
+
+#include "core/deadline.h"
+#include "transport/link.h"
+
+namespace ringreduce::transport {
+
+// The cost of one kind of link in the tuner's model (docs/TUNING.md): measured at start-up (comm/
+// probes it) or read from a calibration file; the kind's traits give a default until then.
+struct LinkCost {
+  double alpha = 0;  // seconds per message step, every rank stepping at once
+  double beta = 0;   // seconds per byte through one link while every link carries as much
+  // A step costs max(alpha, bytes * beta) instead of their sum: across hosts the kernel's TCP
+  // stack overlaps a message's latency with the transfer of the one before (measured on the
+  // emulated cluster: the ring's 64 KiB steps at 1 Gbit/s took their transfer time alone).
+  bool overlap = false;
+  double step(double bytes) const {
+    return overlap ? std::max(alpha, bytes * beta) : alpha + bytes * beta;
+  }
+};
+
+// What a kind offers, for the tuner and the algorithms' context: the communicator takes the traits
+// of its slowest kind (the last in the table among those it uses), since every ring crosses it.
+struct KindTraits {
+  std::string name;            // "shm", "tcp": the tuner's and the tuning file's name for it
+  size_t segment_bytes = 0;    // what one message of a pipelined schedule should carry
+  bool sliced = false;         // ring schedules go slice by slice (algorithms/ring_phases.h)
+  bool stream_output = false;  // large out-of-place outputs pay to be written with streaming stores
+  LinkCost costs;              // until the start-up probe measures them
+};
+
+// The engine as a kind sees it: a kind whose Window waits (shared memory) waits through it.
+class Driver {
+ public:
+  virtual ~Driver() = default;
+  // Waits until poll() returns true, moving every kind's links meanwhile (poll should move them
+  // too, through poll_all(), and say through moved() whether that pass moved anything); throws
+  // peers' notices, interrupts, and on_timeout() once the deadline has passed.
+  virtual void drive(FnRef<bool> poll, FnRef<bool> moved, FnRef<void> on_timeout,
+                     const core::Deadline& deadline) = 0;
+  // One pass over every kind's links (see LinkKind::poll); whether anything moved.
+  virtual bool poll_all(bool stage) = 0;
+};
+
+class LinkKind {
+ public:
+  virtual ~LinkKind() = default;
+  virtual const KindTraits& traits() const = 0;
+  // The link to `peer` (routed to this kind) on `channel`.
+  virtual Link& link(int peer, int channel) = 0;
+  // Memory every rank reads in place (link.h), when this kind links every rank; else null.
+  virtual Window* window() { return nullptr; }
+  // Set once by the engine before any wait.
+  virtual void set_driver(Driver* driver) { (void)driver; }
+
+  // Sets the tag this kind's messages carry and its receives expect (Transport::begin_op).
+  virtual void begin_op(const OpTag& tag, bool stream_output) = 0;
+  virtual void set_describer(std::function<std::string(const OpTag&)> f) = 0;
+
+  // One pass over the links: moves what can move now without waiting; returns whether anything
+  // moved. With `stage`, a forward that waits for room stages its bytes instead (shared memory:
+  // what keeps any posting order free of deadlock; asked for only before the engine sleeps).
+  // Throws PeerError / MismatchError for a failed or mismatched peer.
+  virtual bool poll(bool stage) = 0;
+  // Wake-ups owed to peers for what primitives moved eagerly when they were posted.
+  virtual void flush() {}
+  // A peer's abort notice, if one has arrived: rethrown, so the op fails with the peer's reason.
+  virtual void throw_if_notice() = 0;
+  // Called when nothing has moved for a while, before sleeping: checks that may name a cause
+  // (shared memory: a peer that began this op's sequence number in another call).
+  virtual void check_idle() {}
+
+  // Sleeping. prepare_sleep() tells the peers to wake this rank from now on and returns the
+  // longest safe sleep in ms; the engine then looks once more, and sleeps on every kind's
+  // event_fd() (readable: something arrived for handle_events()); end_sleep() follows either way.
+  virtual int prepare_sleep() { return 1000; }
+  virtual void end_sleep() {}
+  virtual int event_fd() const = 0;
+  // Takes what made event_fd() readable (never blocks).
+  virtual void handle_events() = 0;
+
+  // For a timed-out wait: the peer to name (a pending receive first: *sending false), or -1.
+  virtual int stuck_peer(bool* sending) const = 0;
+  // "timed out waiting for rank Q: its host has acknowledged nothing ...", or empty.
+  virtual std::string unreachable_text() const { return {}; }
+  // Fails every link (Transport::abort).
+  virtual void abort(int code, int blamed_rank, const std::string& reason) = 0;
+  // One look (no waiting) for a peer's notice giving a deeper cause (Transport::find_cause).
+  virtual std::exception_ptr find_cause(int blamed) = 0;
+};
+
+}  // namespace ringreduce::transport

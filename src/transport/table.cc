@@ -1,0 +1,102 @@
+#include "transport/table.h"
+
+#include <algorithm>
+
+#include "ringreduce/error.h"
+#include "transport/shm/shm_kind.h"
+#include "transport/tcp/tcp_kind.h"
+
+namespace ringreduce::transport {
+namespace {
+
+bool same_host(const ConnectArgs& a, int peer) {
+  return !a.hosts.empty() &&
+         a.hosts[static_cast<size_t>(peer)] == a.hosts[static_cast<size_t>(a.rank)];
+}
+
+bool shm_can_link(const ConnectArgs& a, int peer) {
+  return same_host(a, peer) && a.config->str("RINGREDUCE_SHM") != "0";
+}
+
+std::unique_ptr<LinkKind> shm_connect(const ConnectArgs& a, const std::vector<int>& peers,
+                                      Store& store, const core::Deadline& deadline) {
+  shm::ShmOptions o;
+  o.rank = a.rank;
+  o.size = a.size;
+  o.comm_id = a.comm_id;
+  o.channels = a.channels;
+  o.oversubscribed = a.engine.oversubscribed;
+  o.token = a.token;
+  o.local_ranks = peers;
+  o.local_ranks.push_back(a.rank);
+  std::sort(o.local_ranks.begin(), o.local_ranks.end());
+  return std::make_unique<shm::ShmKind>(o, store, deadline);
+}
+
+bool tcp_can_link(const ConnectArgs&, int) {
+  return true;
+}
+
+std::unique_ptr<LinkKind> tcp_connect(const ConnectArgs& a, const std::vector<int>& peers,
+                                      Store& store, const core::Deadline& deadline) {
+  const core::Config& config = *a.config;
+  tcp::TcpOptions o;
+  o.rank = a.rank;
+  o.size = a.size;
+  o.comm_id = a.comm_id;
+  o.channels = a.channels;
+  // Striping cuts a message into frames on several sockets; forwards to another kind of link
+  // move one frame per message, so only a communicator all of whose links are TCP stripes.
+  const bool all_peers = peers.size() + 1 == static_cast<size_t>(a.size);
+  o.nsocks = all_peers ? a.nsocks : 1;
+  o.socket_buffer = static_cast<int>(config.size("RINGREDUCE_SOCKET_BUFFER"));
+  o.congestion = config.str("RINGREDUCE_SOCKET_CC");
+  if (o.congestion == "system") o.congestion.clear();
+  o.store_host = a.store_host;
+  o.peers = peers;
+  // Only detected identities say that a loopback address cannot reach a peer: hosts named with
+  // RINGREDUCE_HOST_ID may be emulated on one machine, where loopback is the way.
+  if (!a.hosts_given && !a.hosts.empty()) {
+    o.other_host.resize(static_cast<size_t>(a.size));
+    for (int q = 0; q < a.size; ++q) o.other_host[static_cast<size_t>(q)] = !same_host(a, q);
+  }
+  return std::make_unique<tcp::TcpKind>(o, config, store, deadline);
+}
+
+}  // namespace
+
+const std::vector<KindEntry>& kind_table() {
+  static const std::vector<KindEntry> kTable = {
+      {"shm", shm_can_link, shm_connect},
+      {"tcp", tcp_can_link, tcp_connect},
+  };
+  return kTable;
+}
+
+std::unique_ptr<Engine> connect(const ConnectArgs& args, Store& store,
+                                const core::Deadline& deadline) {
+  const auto& table = kind_table();
+  std::vector<std::vector<int>> peers(table.size());
+  for (int q = 0; q < args.size; ++q) {
+    if (q == args.rank) continue;
+    size_t k = 0;
+    while (k < table.size() && !table[k].can_link(args, q)) ++k;
+    if (k == table.size())
+      throw Error("rank " + std::to_string(args.rank) + ": no kind of link reaches rank " +
+                  std::to_string(q));
+    peers[k].push_back(q);
+  }
+  // Alone, the last kind stands in, so that its settings are still checked (a bad interface
+  // should fail now, not when the job grows).
+  if (args.size == 1) peers.back().clear();
+  std::vector<std::unique_ptr<LinkKind>> kinds;
+  std::vector<int> route(static_cast<size_t>(args.size), -1);
+  for (size_t k = 0; k < table.size(); ++k) {
+    if (peers[k].empty() && !(args.size == 1 && k + 1 == table.size())) continue;
+    for (int q : peers[k]) route[static_cast<size_t>(q)] = static_cast<int>(kinds.size());
+    kinds.push_back(table[k].connect(args, peers[k], store, deadline));
+  }
+  return std::make_unique<Engine>(args.engine, std::move(kinds), std::move(route));
+}
+
+}  // namespace ringreduce::transport

@@ -1,0 +1,53 @@
+// The transport table, in the manner of NCCL's: the kinds of link in order of preference, each
+// saying whether it can link this rank with a given peer. Every peer goes to the first kind that
+// can link it (shared memory for a peer on this host, unless RINGREDUCE_SHM=0; TCP for any peer);
+// each kind then connects to the peers it was given, and one Engine drives them all. Every rank
+// applies the same table to the same host identities, so both ends of a pair pick the same kind.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "core/deadline.h"
+#include "ringreduce/store.h"
+#include "transport/engine.h"
+
+namespace ringreduce::transport {
+
+// Everything a kind may need to connect: who we are, who the peers are, the settings.
+struct ConnectArgs {
+  int rank = 0;
+  int size = 1;
+  uint64_t comm_id = 0;
+  int channels = 1;
+  int nsocks = 1;  // RINGREDUCE_NSOCKS
+  // Every rank's host identity (topology.h); empty with one rank.
+  std::vector<std::string> hosts;
+  // The identities were given (RINGREDUCE_HOST_ID) rather than detected: hosts may be emulated on
+  // one machine, where loopback reaches every "host".
+  bool hosts_given = false;
+  std::string token;
+  std::string store_host;  // where the data interface is chosen from
+  const core::Config* config = nullptr;
+  EngineOptions engine;
+};
+
+struct KindEntry {
+  const char* name;
+  // Whether this kind can link args.rank with `peer`.
+  bool (*can_link)(const ConnectArgs& args, int peer);
+  // Connects to `peers` (each one it can link; empty only with one rank). Bounded by deadline.
+  std::unique_ptr<LinkKind> (*connect)(const ConnectArgs& args, const std::vector<int>& peers,
+                                       Store& store, const core::Deadline& deadline);
+};
+
+// The table, fastest kind first.
+const std::vector<KindEntry>& kind_table();
+
+// Routes every peer to its kind, connects each kind used, and returns the engine over them.
+std::unique_ptr<Engine> connect(const ConnectArgs& args, Store& store,
+                                const core::Deadline& deadline);
+
+}  // namespace ringreduce::transport
