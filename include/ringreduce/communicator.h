@@ -6,8 +6,11 @@
 //   w.wait();
 //
 // Collectives must be issued in the same order on every rank (MPI semantics). Ops run in issue
-// order. A failure raises ringreduce::Error (see error.h) naming the rank, the op and its
-// sequence number, and aborts the communicator: every pending and later op fails with it.
+// order. Point-to-point sends and receives are matched by (peer, tag) in a space of their own:
+// they may be issued in any order relative to the collectives and to the other ranks' calls. A
+// failure raises ringreduce::Error (see error.h) naming the rank, the op and its sequence number
+// (or, point to point, both ranks and the tag), and aborts the communicator: every pending and
+// later op fails with it.
 #pragma once
 
 #include <chrono>
@@ -54,8 +57,11 @@ class Work {
   // waiting (torch's Work::getFuture). fn must not block on this communicator's ops. One
   // callback per op; a second replaces the first if it has not run yet.
   void then(std::function<void(std::exception_ptr)> fn);
-  // The plan the tuner chose for this op, e.g. "ring seg=512K ch=1".
+  // The plan the tuner chose for this op, e.g. "ring seg=512K ch=1" ("p2p" for a send or receive).
   std::string algorithm() const;
+  // For a completed receive: the rank whose message it took (its peer, or the sender when it
+  // received from kAnySource); -1 otherwise.
+  int source() const;
 
  private:
   friend class detail::CommImpl;
@@ -65,6 +71,9 @@ class Work {
 
 class Communicator {
  public:
+  // recv()'s peer for a receive from whichever rank sends a message with its tag first.
+  static constexpr int kAnySource = -1;
+
   // Rank, world size and store address from the environment: RINGREDUCE_*, then torchrun's,
   // OpenMPI's, Slurm's and PMI's variables (README). Options override the environment.
   static Communicator from_env(const Options& options = {});
@@ -119,6 +128,25 @@ class Communicator {
                 const CallOptions& call = {});
   void barrier(const CallOptions& call = {});
 
+  // ---- point to point: counts are elements ---------------------------------------------------
+  // A message of `count` elements to `peer`, received there by a recv with this rank (or
+  // kAnySource) and this tag and the same size. Messages from one sender with one tag arrive in
+  // the order they were sent; other tags and other senders in any order. Small messages leave at
+  // once (send completes when they have); larger ones wait for the receiver to post its recv and
+  // then go straight into its buffer. buf must stay valid until the send has completed.
+  Work send_async(const void* buf, size_t count, DataType dtype, int peer, uint64_t tag = 0,
+                  const CallOptions& call = {});
+  // Receives a message of exactly `count` elements from `peer` (kAnySource: any rank) with `tag`;
+  // Work::source() then says who sent it. A message of another size is a MismatchError on the
+  // receiver, which fails the communicator (every rank learns why).
+  Work recv_async(void* buf, size_t count, DataType dtype, int peer, uint64_t tag = 0,
+                  const CallOptions& call = {});
+  void send(const void* buf, size_t count, DataType dtype, int peer, uint64_t tag = 0,
+            const CallOptions& call = {});
+  // Returns the rank whose message it took.
+  int recv(void* buf, size_t count, DataType dtype, int peer, uint64_t tag = 0,
+           const CallOptions& call = {});
+
   // ---- typed calls: the dtype is deduced from T ------------------------------------------------
   template <typename T>
   void allreduce(std::span<T> buffer, ReduceOp op) {
@@ -148,6 +176,14 @@ class Communicator {
   void reduce_scatter(std::span<const T> send, std::span<T> recv, ReduceOp op) {
     check_same_size(send.size(), recv.size() * static_cast<size_t>(size()), "reduce_scatter");
     reduce_scatter(send.data(), recv.data(), recv.size(), DataTypeOf<T>::value, op);
+  }
+  template <typename T>
+  void send(std::span<const T> buf, int peer, uint64_t tag = 0) {
+    send(buf.data(), buf.size(), DataTypeOf<T>::value, peer, tag);
+  }
+  template <typename T>
+  int recv(std::span<T> buf, int peer, uint64_t tag = 0) {
+    return recv(buf.data(), buf.size(), DataTypeOf<std::remove_cv_t<T>>::value, peer, tag);
   }
   template <typename T>
   void allgather(std::span<const T> send, std::span<T> recv) {

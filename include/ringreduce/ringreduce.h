@@ -6,6 +6,7 @@
 #define RINGREDUCE_H_
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -64,6 +65,22 @@ rr_result_t rr_reduce(rr_comm_t* comm, const void* send, void* recv, size_t coun
 rr_result_t rr_alltoall(rr_comm_t* comm, const void* send, void* recv, size_t count,
                         rr_dtype_t dtype);
 rr_result_t rr_barrier(rr_comm_t* comm);
+
+/* Point to point: messages matched by (sender, tag) in their own space, in any order relative to
+ * the collectives. peer RR_ANY_SOURCE receives from whichever rank sends first; *source (may be
+ * NULL) gets the rank whose message was taken. Sizes must agree (a mismatch fails the
+ * communicator with RR_ERR_MISMATCH on every rank). */
+#define RR_ANY_SOURCE (-1)
+rr_result_t rr_send(rr_comm_t* comm, const void* buf, size_t count, rr_dtype_t dtype, int peer,
+                    uint64_t tag);
+rr_result_t rr_recv(rr_comm_t* comm, void* buf, size_t count, rr_dtype_t dtype, int peer,
+                    uint64_t tag, int* source);
+rr_result_t rr_send_async(rr_comm_t* comm, const void* buf, size_t count, rr_dtype_t dtype,
+                          int peer, uint64_t tag, rr_work_t** work);
+rr_result_t rr_recv_async(rr_comm_t* comm, void* buf, size_t count, rr_dtype_t dtype, int peer,
+                          uint64_t tag, rr_work_t** work);
+/* For a completed receive: the rank whose message it took; -1 otherwise. */
+int rr_work_source(const rr_work_t* work);
 
 /* Asynchronous allreduce; the handle must be released with rr_work_free. */
 rr_result_t rr_allreduce_async(rr_comm_t* comm, const void* send, void* recv, size_t count,

@@ -15,6 +15,7 @@ InvalidArgument), with the C++ library's messages: they name the rank, the call 
 """
 
 from ._ringreduce import (  # noqa: F401
+    ANY_SOURCE,
     Communicator,
     Error,
     ErrorCode,
@@ -27,6 +28,7 @@ from ._ringreduce import (  # noqa: F401
 )
 
 __all__ = [
+    "ANY_SOURCE",
     "Communicator",
     "Error",
     "ErrorCode",

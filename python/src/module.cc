@@ -220,6 +220,10 @@ class PyWork {
   }
   bool is_completed() { return work_.test(); }
   std::string algorithm() const { return work_.algorithm(); }
+  std::optional<int> source() const {
+    const int s = work_.source();
+    return s >= 0 ? std::optional<int>(s) : std::nullopt;
+  }
   py::object result() {
     wait(std::nullopt);
     return result_;
@@ -373,6 +377,35 @@ class PyComm {
     return py::cast(std::make_unique<PyWork>(std::move(w), std::move(bufs), result, keep));
   }
 
+  // A send or receive, blocking (returns None, or the source rank for a receive) or async.
+  py::object p2p(bool is_send, const py::object& buf_obj, std::optional<int> peer, uint64_t tag,
+                 const std::optional<std::string>& dtype, std::optional<double> timeout,
+                 bool async) {
+    const std::shared_ptr<rr::Communicator> keep = comm();
+    rr::Communicator& c = *keep;
+    const char* call = is_send ? "send" : "recv";
+    if (is_send && !peer) bad_argument(&c, call, "send needs a destination rank");
+    const int p = peer.value_or(rr::Communicator::kAnySource);
+    Buffer buf = to_buffer(&c, call, "buffer", buf_obj, dtype, /*writable=*/!is_send);
+    const rr::CallOptions opts = call_options(timeout);
+    rr::Work w;
+    int source = -1;
+    {
+      py::gil_scoped_release nogil;
+      if (async)
+        w = is_send ? c.send_async(buf.data, buf.count, buf.dtype, p, tag, opts)
+                    : c.recv_async(buf.data, buf.count, buf.dtype, p, tag, opts);
+      else if (is_send)
+        c.send(buf.data, buf.count, buf.dtype, p, tag, opts);
+      else
+        source = c.recv(buf.data, buf.count, buf.dtype, p, tag, opts);
+    }
+    if (async)
+      return py::cast(std::make_unique<PyWork>(std::move(w), std::vector<Buffer>{std::move(buf)},
+                                               buf_obj, keep));
+    return is_send ? py::object(py::none()) : py::object(py::int_(source));
+  }
+
  private:
   std::shared_ptr<rr::Communicator> comm_;
 };
@@ -440,7 +473,10 @@ PYBIND11_MODULE(_ringreduce, m) {
            "Whether the op has completed, without blocking; raises its error if it failed.")
       .def("result", &PyWork::result, "Waits, then returns the output buffer.")
       .def_property_readonly("algorithm", &PyWork::algorithm,
-                             "The plan the tuner chose, e.g. 'ring seg=512K ch=1'.");
+                             "The plan the tuner chose, e.g. 'ring seg=512K ch=1'.")
+      .def_property_readonly("source", &PyWork::source,
+                             "For a completed recv: the rank whose message it took (None "
+                             "before, and for anything else).");
 
   using K = PyComm::Kind;
   auto cls = py::class_<PyComm>(m, "Communicator");
@@ -504,6 +540,33 @@ PYBIND11_MODULE(_ringreduce, m) {
        "the reduction; other ranks' buffers are unchanged.");
   def2("alltoall", "alltoall_async", K::alltoall, call,
        "alltoall(send, recv): both hold size equal blocks; block j of send goes to rank j.");
+  m.attr("ANY_SOURCE") = rr::Communicator::kAnySource;
+  const char* send_doc =
+      "send(buf, dst, tag=0): a message to rank dst, taken there by a recv with this rank (or "
+      "any source) and this tag, of the same size. Messages with one tag arrive in the order "
+      "sent; they are matched apart from the collectives, in any order relative to them.";
+  const char* recv_doc =
+      "recv(buf, src=None, tag=0): receives a message of exactly len(buf) elements from rank src "
+      "(None or ANY_SOURCE: whichever rank sends one with this tag first) into buf; returns the "
+      "sender's rank.";
+  for (bool async : {false, true}) {
+    cls.def(
+        async ? "send_async" : "send",
+        [async](PyComm& c, py::object buf, int dst, uint64_t tag, std::optional<std::string> dtype,
+                std::optional<double> timeout) {
+          return c.p2p(true, buf, dst, tag, dtype, timeout, async);
+        },
+        py::arg("buf"), py::arg("dst"), py::arg("tag") = 0, py::arg("dtype") = py::none(),
+        py::arg("timeout") = py::none(), send_doc);
+    cls.def(
+        async ? "recv_async" : "recv",
+        [async](PyComm& c, py::object buf, std::optional<int> src, uint64_t tag,
+                std::optional<std::string> dtype, std::optional<double> timeout) {
+          return c.p2p(false, buf, src, tag, dtype, timeout, async);
+        },
+        py::arg("buf"), py::arg("src") = py::none(), py::arg("tag") = 0,
+        py::arg("dtype") = py::none(), py::arg("timeout") = py::none(), recv_doc);
+  }
   cls.def(
       "barrier",
       [](PyComm& c, std::optional<double> timeout) {

@@ -65,6 +65,20 @@ ringreduce::ReduceOp op_of(rr_op_t o) {
   return static_cast<ringreduce::ReduceOp>(o);
 }
 
+// Makes a Work handle for an async call; the handle is released with rr_work_free.
+template <typename Fn>
+rr_result_t start_async(rr_comm_t* c, rr_work_t** work, Fn&& fn) {
+  RR_CHECK_COMM(c);
+  if (work == nullptr) return RR_ERR_INVALID_ARGUMENT;
+  *work = nullptr;
+  return RR_ON(c, {
+    auto w = std::make_unique<rr_work>();
+    w->owner = c;
+    w->work = fn();
+    *work = w.release();
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -152,17 +166,41 @@ rr_result_t rr_barrier(rr_comm_t* c) {
   return RR_ON(c, c->comm->barrier());
 }
 
+rr_result_t rr_send(rr_comm_t* c, const void* buf, size_t count, rr_dtype_t dtype, int peer,
+                    uint64_t tag) {
+  RR_CHECK_COMM(c);
+  return RR_ON(c, c->comm->send(buf, count, dt(dtype), peer, tag));
+}
+
+rr_result_t rr_recv(rr_comm_t* c, void* buf, size_t count, rr_dtype_t dtype, int peer, uint64_t tag,
+                    int* source) {
+  RR_CHECK_COMM(c);
+  return RR_ON(c, {
+    const int from = c->comm->recv(buf, count, dt(dtype), peer, tag);
+    if (source) *source = from;
+  });
+}
+
+rr_result_t rr_send_async(rr_comm_t* c, const void* buf, size_t count, rr_dtype_t dtype, int peer,
+                          uint64_t tag, rr_work_t** work) {
+  return start_async(c, work,
+                     [&] { return c->comm->send_async(buf, count, dt(dtype), peer, tag); });
+}
+
+rr_result_t rr_recv_async(rr_comm_t* c, void* buf, size_t count, rr_dtype_t dtype, int peer,
+                          uint64_t tag, rr_work_t** work) {
+  return start_async(c, work,
+                     [&] { return c->comm->recv_async(buf, count, dt(dtype), peer, tag); });
+}
+
 rr_result_t rr_allreduce_async(rr_comm_t* c, const void* send, void* recv, size_t count,
                                rr_dtype_t dtype, rr_op_t op, rr_work_t** work) {
-  RR_CHECK_COMM(c);
-  if (work == nullptr) return RR_ERR_INVALID_ARGUMENT;
-  *work = nullptr;
-  return RR_ON(c, {
-    auto w = std::make_unique<rr_work>();
-    w->owner = c;
-    w->work = c->comm->allreduce_async(send, recv, count, dt(dtype), op_of(op));
-    *work = w.release();
-  });
+  return start_async(
+      c, work, [&] { return c->comm->allreduce_async(send, recv, count, dt(dtype), op_of(op)); });
+}
+
+int rr_work_source(const rr_work_t* w) {
+  return w ? w->work.source() : -1;
 }
 
 rr_result_t rr_work_wait(rr_work_t* w) {

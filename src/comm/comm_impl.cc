@@ -56,6 +56,7 @@ CommImpl::~CommImpl() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     stop_ = true;
+    stopping_.store(true);
     // A running op is interrupted; the progress thread then leaves without starting another.
     if (driving_)
       transport_->interrupt("communicator destroyed", static_cast<int>(ErrorCode::aborted));
@@ -69,7 +70,7 @@ CommImpl::~CommImpl() {
   bool tell_peers = false;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    const size_t pending = queue_.size();
+    const size_t pending = queue_.size() + p2p_ops_.size();
     if (pending > 0) {
       msg = "rank " + std::to_string(rank_) + ": communicator destroyed with " +
             std::to_string(pending) + " op(s) pending";
@@ -80,6 +81,7 @@ CommImpl::~CommImpl() {
         failed.push_back(op);
       }
       queue_.clear();
+      queued_.store(false);
       // The peers are waiting for those ops: tell them why they will not happen.
       tell_peers = !driving_;
       done_cv_.notify_all();
@@ -87,6 +89,7 @@ CommImpl::~CommImpl() {
   }
   if (tell_peers) {
     transport_->abort(static_cast<int>(ErrorCode::aborted), -1, msg);
+    transport_->p2p().fail_all(err);
   }
   for (auto& op : failed) fire_callback(*op);
 }
@@ -223,10 +226,13 @@ std::shared_ptr<OpState> CommImpl::submit(const algorithms::Args& args, const Ca
     return op;
   }
   queue_.push_back(op);
+  queued_.store(true);
   if (async) {
     if (!progress_thread_.joinable()) progress_thread_ = std::thread([this] { progress_loop(); });
     if (!driving_) progress_cv_.notify_one();
   }
+  // A driver moving only point-to-point ops stops for it (drive_p2p).
+  if (driving_) transport_->wake();
   return op;
 }
 
@@ -267,7 +273,8 @@ bool CommImpl::wait(OpState& op, std::optional<std::chrono::milliseconds> timeou
 void CommImpl::release_driver() {
   driving_ = false;
   if (waiters_ > 0) done_cv_.notify_all();
-  if (progress_thread_.joinable() && !queue_.empty() && queue_.front()->async)
+  // The progress thread runs async ops, and moves async point-to-point ops nobody waits for.
+  if (progress_thread_.joinable() && (queue_.empty() ? p2p_async_ > 0 : queue_.front()->async))
     progress_cv_.notify_one();
 }
 
@@ -277,11 +284,20 @@ void CommImpl::drive(OpState* target) {
     {
       std::lock_guard<std::mutex> lk(mu_);
       if (target && target->finished.load()) return;
-      if (queue_.empty() || stop_) return;
-      op = queue_.front();
-      if (!target && !op->async) return;  // its caller drives it
+      if (stop_) return;
+      if (!queue_.empty()) {
+        op = queue_.front();
+        if (!target && !op->async) return;  // its caller drives it
+      } else if (p2p_ops_.empty() || (!target && p2p_async_ == 0)) {
+        return;
+      }
     }
-    run(*op);
+    // Collectives run in issue order, moving point-to-point ops as they wait; with none queued,
+    // the engine moves only those.
+    if (op)
+      run(*op);
+    else
+      drive_p2p(target);
   }
 }
 
@@ -304,6 +320,7 @@ std::exception_ptr CommImpl::execute(OpState& op) {
     } catch (const Error& e) {
       transport_->abort(static_cast<int>(e.code()), blamed_rank(e), e.what());
     }
+    transport_->p2p().fail_all(error);
   } else {
     // Built only when needed: a small allreduce must not pay for formatting its description.
     auto prefix = [&] { return "rank " + std::to_string(rank_) + ": " + describe(op.tag) + ": "; };
@@ -397,6 +414,7 @@ std::exception_ptr CommImpl::fail_communicator(std::exception_ptr error,
     if (!abort_error_) abort_error_ = error;
     aborted_.store(true);
   }
+  transport_->p2p().fail_all(error);
   return error;
 }
 
@@ -409,6 +427,7 @@ void CommImpl::finish(OpState& op, std::exception_ptr error) {
     if (!queue_.empty() && queue_.front().get() == &op) {
       keep = std::move(queue_.front());
       queue_.pop_front();
+      queued_.store(!queue_.empty());
     }
     if (waiters_ > 0) done_cv_.notify_all();
   }
@@ -430,7 +449,7 @@ void fire_callback(OpState& op) {
 void CommImpl::progress_loop() {
   std::unique_lock<std::mutex> lk(mu_);
   while (!stop_) {
-    if (!driving_ && !queue_.empty() && queue_.front()->async) {
+    if (!driving_ && (queue_.empty() ? p2p_async_ > 0 : queue_.front()->async)) {
       driving_ = true;
       lk.unlock();
       drive(nullptr);
@@ -460,12 +479,15 @@ void CommImpl::abort(const std::string& reason) {
   }
   queue_.clear();
   if (running) queue_.push_back(running);
+  queued_.store(!queue_.empty());
   if (driving_) {
+    // The driver fails the transport and the point-to-point ops when it notices.
     transport_->interrupt(msg, static_cast<int>(ErrorCode::aborted));
   } else {
     driving_ = true;
     lk.unlock();
     transport_->abort(static_cast<int>(ErrorCode::aborted), -1, msg);
+    transport_->p2p().fail_all(abort_error_);
     lk.lock();
     release_driver();
   }

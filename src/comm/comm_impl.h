@@ -12,6 +12,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -35,6 +36,10 @@ class TcpStoreServer;
 namespace ringreduce::detail {
 
 struct OpState {
+  // A point-to-point op: `p2p` is its request, run by the engine's P2p beside the queue (its own
+  // matching space, no sequence number).
+  bool is_p2p = false;
+  transport::P2pRequest p2p;
   algorithms::Args args;
   tuner::Plan plan;
   transport::OpTag tag;
@@ -55,6 +60,16 @@ struct OpState {
 // Runs op's then() callback, if any, once; called without CommImpl::mu_ after op finished.
 void fire_callback(OpState& op);
 
+// A send or receive's arguments (Communicator::send / recv).
+struct P2pArgs {
+  bool send = false;
+  void* buf = nullptr;
+  size_t count = 0;
+  DataType dtype = DataType::u8;
+  int peer = -1;  // the destination, or the source (transport::kAnySource: any)
+  uint64_t tag = 0;
+};
+
 class CommImpl {
  public:
   explicit CommImpl(const Options& options);
@@ -69,6 +84,9 @@ class CommImpl {
   // are queued or running (then it waits its turn like submit() + wait()). The path every
   // training step's small allreduces take, so it allocates nothing and builds no strings.
   void call(const algorithms::Args& args, const CallOptions& call);
+  // A send or receive: handed to the engine's P2p at once, beside the collectives' queue. With
+  // async the progress thread drives it while nobody waits; without, the caller is about to.
+  std::shared_ptr<OpState> submit_p2p(const P2pArgs& args, const CallOptions& call, bool async);
   // Waits for op; with a timeout, returns false if it has not finished by then.
   bool wait(OpState& op, std::optional<std::chrono::milliseconds> timeout);
   void abort(const std::string& reason);
@@ -88,10 +106,16 @@ class CommImpl {
   void validate(const OpState& op) const;
   std::string describe(const transport::OpTag& tag) const;
   // Runs queued ops in order until `target` has finished (or, for the progress thread with
-  // target == nullptr, until the head of the queue is a blocking op or the queue is empty).
+  // target == nullptr, until the head of the queue is a blocking op, or the queue is empty and no
+  // point-to-point op is pending); with the queue empty it drives point-to-point ops.
   void drive(OpState* target);
+  // Drives the engine while only point-to-point ops are pending, until target has finished
+  // (target null: until none is pending), an op is queued, or the communicator stops.
+  void drive_p2p(OpState* target);
+  // The engine's P2p finished a request (the driving thread, without mu_).
+  static void p2p_done(transport::P2pRequest* request, std::exception_ptr error);
   // After an error in the thread that drives: names its deepest cause, fails the transport and
-  // aborts the communicator. Returns the error to report.
+  // every point-to-point request, and aborts the communicator. Returns the error to report.
   std::exception_ptr fail_communicator(std::exception_ptr error,
                                        const std::function<std::string()>& prefix);
   void run(OpState& op);
@@ -141,9 +165,15 @@ class CommImpl {
   std::condition_variable progress_cv_;  // the progress thread
   int waiters_ = 0;
   std::deque<std::shared_ptr<OpState>> queue_;
+  std::atomic<bool> queued_{false};  // !queue_.empty(), for a driver that is not holding mu_
+  // Point-to-point ops handed to the engine and not finished, each kept alive here (guarded by
+  // mu_); how many of them are async (the progress thread drives those).
+  std::map<OpState*, std::shared_ptr<OpState>> p2p_ops_;
+  size_t p2p_async_ = 0;
   uint64_t next_seq_ = 1;
   bool driving_ = false;
   bool stop_ = false;
+  std::atomic<bool> stopping_{false};  // stop_, for a driver that is not holding mu_
   std::thread progress_thread_;
   std::atomic<bool> aborted_{false};
   std::exception_ptr abort_error_;  // guarded by mu_

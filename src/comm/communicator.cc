@@ -45,7 +45,13 @@ void Work::then(std::function<void(std::exception_ptr)> fn) {
   fn(state_->error);
 }
 
+int Work::source() const {
+  if (!state_ || !state_->is_p2p || state_->p2p.is_send || !state_->finished.load()) return -1;
+  return state_->p2p.source;
+}
+
 std::string Work::algorithm() const {
+  if (state_ && state_->is_p2p) return "p2p";
   if (!state_ || !state_->plan.algorithm) return "";
   const size_t seg = state_->plan.segment_bytes;
   std::string s = std::string(state_->plan.algorithm->name) + " seg=";
@@ -175,5 +181,42 @@ void Communicator::barrier(const CallOptions& call) {
 }
 
 #undef RR_SUBMIT
+
+namespace {
+detail::P2pArgs p2p(bool send, const void* buf, size_t count, DataType dtype, int peer,
+                    uint64_t tag) {
+  detail::P2pArgs a;
+  a.send = send;
+  a.buf = const_cast<void*>(buf);  // a send only reads it
+  a.count = count;
+  a.dtype = dtype;
+  a.peer = peer;
+  a.tag = tag;
+  return a;
+}
+}  // namespace
+
+Work Communicator::send_async(const void* buf, size_t count, DataType dtype, int peer, uint64_t tag,
+                              const CallOptions& call) {
+  return detail::CommImpl::make_work(
+      impl_->submit_p2p(p2p(true, buf, count, dtype, peer, tag), call, true));
+}
+Work Communicator::recv_async(void* buf, size_t count, DataType dtype, int peer, uint64_t tag,
+                              const CallOptions& call) {
+  return detail::CommImpl::make_work(
+      impl_->submit_p2p(p2p(false, buf, count, dtype, peer, tag), call, true));
+}
+// Blocking: the caller drives them itself (no thread hand-off) unless someone else is driving.
+void Communicator::send(const void* buf, size_t count, DataType dtype, int peer, uint64_t tag,
+                        const CallOptions& call) {
+  auto op = impl_->submit_p2p(p2p(true, buf, count, dtype, peer, tag), call, false);
+  impl_->wait(*op, std::nullopt);
+}
+int Communicator::recv(void* buf, size_t count, DataType dtype, int peer, uint64_t tag,
+                       const CallOptions& call) {
+  auto op = impl_->submit_p2p(p2p(false, buf, count, dtype, peer, tag), call, false);
+  impl_->wait(*op, std::nullopt);
+  return op->p2p.source;
+}
 
 }  // namespace ringreduce

@@ -35,6 +35,13 @@ Engine::Engine(const EngineOptions& options, std::vector<std::unique_ptr<LinkKin
   route_.assign(static_cast<size_t>(opts_.size), nullptr);
   for (size_t r = 0; r < route.size() && r < route_.size(); ++r)
     if (route[r] >= 0) route_[r] = kinds_.at(static_cast<size_t>(route[r])).get();
+  std::vector<Link*> lanes(static_cast<size_t>(opts_.size), nullptr);
+  for (int q = 0; q < opts_.size; ++q)
+    if (route_[static_cast<size_t>(q)])
+      lanes[static_cast<size_t>(q)] = &route_[static_cast<size_t>(q)]->lane(q);
+  p2p_ = std::make_unique<P2p>(
+      opts_.rank, opts_.size, std::move(lanes), opts_.p2p_eager_bytes,
+      [](void* e) { static_cast<Engine*>(e)->wake(); }, this);
 }
 
 Engine::~Engine() = default;
@@ -64,7 +71,18 @@ std::string Engine::kinds_text() const {
 bool Engine::poll_all(bool stage) {
   bool any = false;
   for (auto& k : kinds_) any |= k->poll(stage);
+  // After the kinds: what their links moved in this pass may complete requests now.
+  any |= p2p_->poll();
   return any;
+}
+
+void Engine::wake() {
+  // Pairs with sleep(): the sleeper raises sleeping_ before its last look, the waker publishes its
+  // work before this load (both sequentially consistent), so one of them sees the other's store.
+  if (!sleeping_.load(std::memory_order_seq_cst)) return;
+  uint64_t one = 1;
+  ssize_t ignored = ::write(wake_.get(), &one, sizeof one);
+  (void)ignored;
 }
 
 void Engine::check_interrupt() {
@@ -89,6 +107,18 @@ void Engine::wait(Completion& c, const core::Deadline& deadline) {
   };
   auto was_moved = [&] { return moved; };
   auto timeout = [&] { throw_timeout(); };
+  drive(poll, was_moved, timeout, deadline);
+}
+
+void Engine::wait_until(FnRef<bool> done, const core::Deadline& deadline) {
+  bool moved = false;
+  auto poll = [&] {
+    if (done()) return true;
+    moved = poll_all(false);
+    return done();
+  };
+  auto was_moved = [&] { return moved; };
+  auto timeout = [&] { throw TimeoutError("timed out"); };
   drive(poll, was_moved, timeout, deadline);
 }
 
@@ -119,13 +149,16 @@ void Engine::drive(FnRef<bool> poll, FnRef<bool> moved, FnRef<void> on_timeout,
 void Engine::sleep(const core::Deadline& deadline, FnRef<bool> recheck) {
   int cap_ms = 1000;
   for (auto& k : kinds_) cap_ms = std::min(cap_ms, k->prepare_sleep());
+  sleeping_.store(true, std::memory_order_seq_cst);
   // Whatever a peer published before it could see the flags is found by this pass.
   if (recheck()) {
+    sleeping_.store(false, std::memory_order_relaxed);
     for (auto& k : kinds_) k->end_sleep();
     return;
   }
   epoll_event events[8];
   const int n = epoll_wait(epoll_.get(), events, 8, deadline.remaining_ms(cap_ms));
+  sleeping_.store(false, std::memory_order_relaxed);
   for (auto& k : kinds_) k->end_sleep();
   for (int i = 0; i < n; ++i) {
     const uint64_t who = events[i].data.u64;

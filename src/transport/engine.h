@@ -19,6 +19,7 @@
 #include "core/fd.h"
 #include "transport/kind.h"
 #include "transport/link.h"
+#include "transport/p2p.h"
 
 namespace ringreduce::transport {
 
@@ -31,6 +32,9 @@ struct EngineOptions {
   // Ranks outnumber cores: yield at once, sleep after max_idle_yields idle yields in a row.
   bool oversubscribed = false;
   int max_idle_yields = 8;
+  // Point-to-point messages up to this size go at once (eager); larger ones wait for the
+  // receiver's clear-to-send and then go straight into its buffer (p2p.h).
+  size_t p2p_eager_bytes = 64 << 10;
 };
 
 class Engine final : public Transport, public Driver {
@@ -48,6 +52,9 @@ class Engine final : public Transport, public Driver {
   Window* window() override { return window_; }
   void begin_op(const OpTag& tag, bool stream_output = false) override;
   void wait(Completion& c, const core::Deadline& deadline) override;
+  // Drives every link until done() (asked before every pass); throws as wait() does, and a
+  // TimeoutError at the deadline.
+  void wait_until(FnRef<bool> done, const core::Deadline& deadline);
   void abort(int code, int blamed_rank, const std::string& reason) override;
   std::exception_ptr find_cause(std::chrono::milliseconds grace, int blamed) override;
   void set_describer(std::function<std::string(const OpTag&)> f) override;
@@ -62,6 +69,11 @@ class Engine final : public Transport, public Driver {
   const KindTraits& traits() const { return kinds_.back()->traits(); }
   // The kinds in use, for logs: "shm", "tcp", "shm+tcp".
   std::string kinds_text() const;
+  // Point-to-point messages over every peer's lane; moved in every pass of every wait.
+  P2p& p2p() { return *p2p_; }
+  // Thread-safe: rouses a wait that sleeps (only then: a busy one looks at its work anyway), so
+  // that it sees what another thread has handed it (a point-to-point request, a queued op).
+  void wake();
 
  private:
   void check_interrupt();
@@ -76,10 +88,13 @@ class Engine final : public Transport, public Driver {
   Window* window_ = nullptr;
   core::Fd epoll_;
   core::Fd wake_;  // eventfd: interrupt() wakes a sleeping wait through it
+  std::atomic<bool> sleeping_{false};
   std::atomic<bool> interrupted_{false};
   std::mutex interrupt_mu_;
   std::string interrupt_reason_;
   int interrupt_code_ = 0;
+  // Last: destroyed first, while the links its completions sit in still exist.
+  std::unique_ptr<P2p> p2p_;
 };
 
 }  // namespace ringreduce::transport

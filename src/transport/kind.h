@@ -63,6 +63,9 @@ class LinkKind {
   virtual const KindTraits& traits() const = 0;
   // The link to `peer` (routed to this kind) on `channel`.
   virtual Link& link(int peer, int channel) = 0;
+  // The point-to-point lane to `peer` (p2p.h): a link of its own, beside the collectives' ones,
+  // whose messages carry lane_tag().
+  virtual Link& lane(int peer) = 0;
   // Memory every rank reads in place (link.h), when this kind links every rank; else null.
   virtual Window* window() { return nullptr; }
   // Set once by the engine before any wait.

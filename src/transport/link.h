@@ -58,6 +58,15 @@ struct OpTag {
 static_assert(sizeof(OpTag) == 48, "OpTag is part of the wire format");
 inline constexpr uint16_t kTagSliced = 1;
 
+// The tag of every message on a point-to-point lane (p2p.h): lanes match their messages by their
+// own headers, never by the collectives' sequence.
+inline constexpr uint8_t kLaneKind = 0xFF;
+inline OpTag lane_tag() {
+  OpTag t;
+  t.kind = kLaneKind;
+  return t;
+}
+
 class Link {
  public:
   virtual ~Link() = default;
@@ -86,6 +95,12 @@ class Link {
   // forward_ready says the first `ready` bytes at src are final now, in order, up to bytes.
   virtual void* reserve_forward(const void* src, size_t bytes, Completion* c) = 0;
   virtual void forward_ready(void* handle, size_t ready) = 0;
+
+  // Whether the peer's end is gone (its process exited or closed the link). A collective link
+  // fails what it still has posted when that happens; a point-to-point lane (LinkKind::lane)
+  // always has a receive posted and leaves the failing to its owner, which knows whether anyone
+  // still needs the peer.
+  virtual bool closed() const = 0;
 };
 
 // A non-owning reference to a callable (no allocation, unlike std::function): waits take what to

@@ -884,6 +884,21 @@ TEST(Comm, CApiReportsErrorsWithoutExceptions) {
       // A bad root is an error code and a message, not an exception.
       EXPECT_EQ(rr_broadcast(comm, buf.data(), 10, RR_I32, 7), RR_ERR_INVALID_ARGUMENT);
       EXPECT_NE(std::string(rr_last_error(comm)).find("root 7"), std::string::npos);
+      // Point to point: around the ring, async sends, blocking receives from a given rank and
+      // from any rank.
+      std::vector<int32_t> mine(10, r), got(10, -1);
+      rr_work_t* s = nullptr;
+      rc |= rr_send_async(comm, mine.data(), mine.size(), RR_I32, (r + 1) % 3, 5, &s);
+      int source = -1;
+      rc |= rr_recv(comm, got.data(), got.size(), RR_I32, r == 0 ? RR_ANY_SOURCE : (r + 2) % 3,
+                    5, &source);
+      EXPECT_EQ(source, (r + 2) % 3);
+      EXPECT_EQ(got[9], (r + 2) % 3);
+      rc |= rr_work_wait(s);
+      EXPECT_EQ(rr_work_source(s), -1);  // a send has no source
+      rr_work_free(s);
+      EXPECT_EQ(rr_send(comm, mine.data(), 1, RR_I32, r, 0), RR_ERR_INVALID_ARGUMENT);
+      EXPECT_NE(std::string(rr_last_error(comm)).find("itself"), std::string::npos);
       rc |= rr_barrier(comm);
       results[static_cast<size_t>(r)] = rc;
       rr_comm_destroy(comm);

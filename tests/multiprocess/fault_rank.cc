@@ -1,5 +1,6 @@
 // One rank of the dead- and stuck-peer tests (launchers.sh cases fault*): every rank loops over
-// one collective on a few MiB; at an agreed moment the victim rank SIGKILLs or SIGSTOPs itself
+// one collective on a few MiB (or "p2p": a send to the next rank and a receive from the previous
+// one, 1 MiB each, so rendezvous-sized); at an agreed moment the victim rank SIGKILLs or SIGSTOPs itself
 // from a second thread while its main thread is inside a call. Each survivor prints one RESULT
 // line (error type, blamed peer, seconds from the fault to the error, message) and one CLEAN line
 // (descriptors and threads before the communicator and after destroying it), and exits 0 only if
@@ -43,6 +44,12 @@ void one_call(Communicator& comm, const std::string& coll, std::vector<float>& a
     comm.alltoall(a.data(), b.data(), count, DataType::f32);
   else if (coll == "barrier")
     comm.barrier();
+  else if (coll == "p2p") {
+    const int n = comm.size(), me = comm.rank();
+    Work s = comm.send_async(a.data(), count, DataType::f32, (me + 1) % n, 7);
+    comm.recv(b.data(), count, DataType::f32, (me + n - 1) % n, 7);
+    s.wait();
+  }
   else
     throw InvalidArgument("unknown collective " + coll);
 }
@@ -114,10 +121,12 @@ int main(int argc, char** argv) {
   } else {
     // Nothing closes: the deadline is what ends the wait, and the message names the rank waited
     // on (the victim, or the neighbour that was waiting for it and timed out first), the op and
-    // its number. Which rank is stuck is the stall report's job (launchers.sh checks it).
+    // its number (a send or receive: its peer and tag). Which rank is stuck is the stall
+    // report's job (launchers.sh checks it).
+    const std::string op = coll == "p2p" ? "(tag 7, " : coll + " #";
     ok = ok && type == "TimeoutError" &&
          message.find("timed out waiting for rank ") != std::string::npos &&
-         message.find(coll + " #") != std::string::npos && took < timeout_s + 1.0;
+         message.find(op) != std::string::npos && took < timeout_s + 1.0;
   }
   return ok ? 0 : 1;
 }

@@ -171,7 +171,8 @@ ShmKind::ShmKind(const ShmOptions& opts, Store& store, const core::Deadline& dea
     local_index_.at(static_cast<size_t>(local_ranks_[i])) = static_cast<int>(i);
   if (local_index_.at(static_cast<size_t>(opts_.rank)) < 0)
     throw Error("shared-memory transport: this rank is not among the local ranks");
-  // One FIFO per local sender and channel, at the sender's local index.
+  // One FIFO per local sender and channel, and one for its point-to-point lane, at the sender's
+  // local index.
   const size_t nfifos = local_ranks_.size() * stride();
   fifo_count_ = nfifos;
   const size_t total = segment_bytes(nfifos);
@@ -336,7 +337,8 @@ void ShmKind::connect_peers(Store& store, const core::Deadline& deadline) {
     ev.events = EPOLLIN | EPOLLRDHUP;
     ev.data.u64 = static_cast<uint64_t>(q);
     epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, peer.in_sock.get(), &ev);
-    for (int ch = 0; ch < opts_.channels; ++ch) {
+    // Channel `channels` is the lane.
+    for (int ch = 0; ch <= opts_.channels; ++ch) {
       // Our FIFO from q lives in our segment at q's local index; our FIFO to q in q's at ours.
       const auto fifo = [&](int r) {
         return static_cast<size_t>(local_index_[static_cast<size_t>(r)]) * stride() +
@@ -344,7 +346,7 @@ void ShmKind::connect_peers(Store& store, const core::Deadline& deadline) {
       };
       Fifo in = fifo_at(mine_.get(), fifo(q));
       Fifo out = fifo_at(peer.segment.get(), fifo(rank));
-      auto l = std::make_unique<ShmLink>(this, q, in, out);
+      auto l = std::make_unique<ShmLink>(this, q, in, out, /*lane=*/ch == opts_.channels);
       active_.push_back(l.get());
       links_[static_cast<size_t>(q) * stride() + static_cast<size_t>(ch)] = std::move(l);
     }
@@ -433,6 +435,14 @@ Link& ShmKind::link(int peer, int channel) {
   return *l;
 }
 
+Link& ShmKind::lane(int peer) {
+  ShmLink* l = peer >= 0 && peer < opts_.size ? slot(peer, opts_.channels) : nullptr;
+  if (!l)
+    throw Error("no lane from rank " + std::to_string(opts_.rank) + " to rank " +
+                std::to_string(peer));
+  return *l;
+}
+
 bool ShmKind::progress_all(bool stage) {
   bool any = false;
   for (ShmLink* l : active_)
@@ -495,7 +505,7 @@ void ShmKind::handle_events() {
     ssize_t r = ::recv(p.in_sock.get(), buf, sizeof buf, MSG_DONTWAIT);
     if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
       epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, p.in_sock.get(), nullptr);
-      for (int ch = 0; ch < opts_.channels; ++ch) slot(q, ch)->set_peer_gone();
+      for (int ch = 0; ch <= opts_.channels; ++ch) slot(q, ch)->set_peer_gone();
     }
   }
 }
@@ -507,12 +517,13 @@ void ShmKind::throw_if_notice() {
 }
 
 int ShmKind::stuck_peer(bool* sending) const {
+  // Lanes always have a receive posted; point-to-point requests name their own peers.
   *sending = false;
   for (ShmLink* l : active_)
-    if (l->has_pending_recv()) return l->peer();
+    if (!l->lane() && l->has_pending_recv()) return l->peer();
   *sending = true;
   for (ShmLink* l : active_)
-    if (l->has_pending_send()) return l->peer();
+    if (!l->lane() && l->has_pending_send()) return l->peer();
   return -1;
 }
 

@@ -76,6 +76,7 @@ class ShmKind final : public LinkKind {
   int rank() const { return opts_.rank; }
   int size() const { return opts_.size; }
   Link& link(int peer, int channel) override;
+  Link& lane(int peer) override;
   // Only when every rank is here: the window algorithms read every rank's region.
   Window* window() override {
     return local_ranks_.size() == static_cast<size_t>(opts_.size) ? &window_ : nullptr;
@@ -140,8 +141,8 @@ class ShmKind final : public LinkKind {
   // The tag a peer published for the op it has begun; false if it is being rewritten.
   bool read_peer_tag(int q, OpTag* tag);
   const char* window_of(int rank) const;
-  // Per peer: its channels' links.
-  size_t stride() const { return static_cast<size_t>(opts_.channels); }
+  // Per peer: its channels' links, then its lane (at channel index `channels`).
+  size_t stride() const { return static_cast<size_t>(opts_.channels) + 1; }
   ShmLink* slot(int peer, int channel) {
     return links_[static_cast<size_t>(peer) * stride() + static_cast<size_t>(channel)].get();
   }

@@ -9,8 +9,12 @@
 
 namespace ringreduce::transport::shm {
 
-ShmLink::ShmLink(ShmKind* owner, int peer, Fifo in, Fifo out)
-    : owner_(owner), peer_(peer), in_(in), out_(out) {}
+ShmLink::ShmLink(ShmKind* owner, int peer, Fifo in, Fifo out, bool lane)
+    : owner_(owner), peer_(peer), lane_(lane), in_(in), out_(out) {}
+
+const OpTag& ShmLink::tag() const {
+  return lane_ ? lane_tag_ : owner_->tag();
+}
 
 void ShmLink::peer_failed(const std::string& what) {
   if (has_notice()) std::rethrow_exception(notice());
@@ -78,7 +82,7 @@ ShmLink::SendOp* ShmLink::push_send(const char* src, size_t bytes, size_t ready,
   if (failed_) throw Error("send on a failed link to rank " + std::to_string(peer_));
   if (peer_gone_) peer_failed("exited (its shared-memory connection closed)");
   ++c->outstanding;
-  sends_.push_back({src, bytes, 0, ready, c, owner_->tag()});
+  sends_.push_back({src, bytes, 0, ready, c, tag()});
   return &sends_.back();
 }
 
@@ -152,7 +156,8 @@ void ShmLink::forward_ready(void* handle, size_t ready) {
 // Progress
 
 void ShmLink::check_gone() {
-  if (!peer_gone_ || idle()) return;
+  // A lane's standing receive needs nothing from a peer that has gone: its owner decides.
+  if (!peer_gone_ || idle() || lane_) return;
   // Whatever it published before it went is still readable (we hold the mapping): only fail
   // when that is used up.
   if (!recvs_.empty() && in_has_data()) return;
@@ -209,7 +214,7 @@ bool ShmLink::progress(bool stage) {
     const SlotMeta* m = in_.meta(in_tail_);
     if (!op.started) {
       if (!m->first) peer_failed("sent the middle of a message where one should start");
-      if (!(m->tag == owner_->tag()))
+      if (!(m->tag == tag()))
         throw MismatchError("mismatched call: rank " + std::to_string(peer_) + " issued " +
                             owner_->describe(m->tag));
       if (m->message_bytes != op.bytes)

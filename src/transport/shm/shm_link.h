@@ -15,8 +15,12 @@ class ShmKind;
 
 class ShmLink final : public Link {
  public:
-  ShmLink(ShmKind* owner, int peer, Fifo in, Fifo out);
+  // lane: a point-to-point lane (LinkKind::lane): its messages carry lane_tag(), and its peer's
+  // exit is left to its owner instead of failing its standing receive.
+  ShmLink(ShmKind* owner, int peer, Fifo in, Fifo out, bool lane = false);
   int peer() const override { return peer_; }
+  bool lane() const { return lane_; }
+  bool closed() const override { return peer_gone_; }
 
   void send(const void* src, size_t bytes, Completion* c) override;
   void recv(void* dst, size_t bytes, Completion* c) override;
@@ -106,8 +110,13 @@ class ShmLink final : public Link {
   [[noreturn]] void peer_failed(const std::string& what);
   void check_gone();
 
+  // The tag this link's messages carry and its receives expect.
+  const OpTag& tag() const;
+
   ShmKind* owner_;
   int peer_;
+  bool lane_;
+  OpTag lane_tag_ = lane_tag();
   Fifo in_;                // peer -> us, in our segment
   Fifo out_;               // us -> peer, in the peer's segment
   uint64_t in_tail_ = 0;   // our release count (we are the only writer of in.tail)

@@ -18,6 +18,11 @@ class StripedLink final : public Link {
   // frame header and a syscall or two of its own.
   StripedLink(std::vector<TcpLink*> wires, size_t min_stripe);
   int peer() const override { return wires_[0]->peer(); }
+  bool closed() const override {
+    for (const TcpLink* w : wires_)
+      if (w->closed()) return true;
+    return false;
+  }
 
   void send(const void* src, size_t bytes, Completion* c) override;
   void recv(void* dst, size_t bytes, Completion* c) override;

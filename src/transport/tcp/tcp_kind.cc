@@ -64,7 +64,7 @@ TcpKind::TcpKind(const TcpOptions& opts, const core::Config& config, Store& stor
   epoll_.reset(epoll_create1(EPOLL_CLOEXEC));
   if (!epoll_.valid()) throw Error(std::string("epoll creation failed: ") + strerror(errno));
   if (opts_.nsocks < 1) opts_.nsocks = 1;
-  links_.resize(static_cast<size_t>(opts_.size) * static_cast<size_t>(wires()));
+  links_.resize(static_cast<size_t>(opts_.size) * static_cast<size_t>(stride()));
   connect_.assign(static_cast<size_t>(opts_.size), opts_.peers.empty());
   for (int q : opts_.peers) connect_.at(static_cast<size_t>(q)) = true;
   connect_[static_cast<size_t>(opts_.rank)] = false;
@@ -87,7 +87,7 @@ Link& TcpKind::link(int peer, int channel) {
                   std::to_string(peer));
     return *s;
   }
-  auto& l = links_[static_cast<size_t>(peer) * static_cast<size_t>(wires()) +
+  auto& l = links_[static_cast<size_t>(peer) * static_cast<size_t>(stride()) +
                    static_cast<size_t>(channel)];
   if (!l)
     throw Error("no link from rank " + std::to_string(opts_.rank) + " to rank " +
@@ -95,10 +95,23 @@ Link& TcpKind::link(int peer, int channel) {
   return *l;
 }
 
+Link& TcpKind::lane(int peer) {
+  auto* l = peer >= 0 && peer < opts_.size
+                ? links_[static_cast<size_t>(peer) * static_cast<size_t>(stride()) +
+                         static_cast<size_t>(wires())]
+                      .get()
+                : nullptr;
+  if (!l)
+    throw Error("no lane from rank " + std::to_string(opts_.rank) + " to rank " +
+                std::to_string(peer));
+  return *l;
+}
+
 void TcpKind::connect_mesh(const core::Config& config, Store& store,
                            const core::Deadline& deadline) {
-  // Every connection is a "channel" here: the wires of striped links count as channels too.
-  const int rank = opts_.rank, size = opts_.size, channels = wires();
+  // Every connection is a "channel" here: the wires of striped links count as channels too, and
+  // the point-to-point lane is the last.
+  const int rank = opts_.rank, size = opts_.size, channels = stride();
   SockAddr want = choose_data_address(config, opts_.store_host);
   listener_ = listen_on(want, &listen_addr_);
   // With a token, connectors prove it against this nonce (handshake.h), published with the
@@ -281,8 +294,8 @@ void TcpKind::connect_mesh(const core::Config& config, Store& store,
             drop = true, why = "could not answer its hello";
           } else {
             tune(p.fd.get());
-            slot(h.rank, h.channel) =
-                std::make_unique<TcpLink>(this, h.rank, h.channel, std::move(p.fd));
+            slot(h.rank, h.channel) = std::make_unique<TcpLink>(
+                this, h.rank, h.channel, std::move(p.fd), h.channel == wires());
             --expected;
             pending.erase(pending.begin() + static_cast<long>(i));
             continue;
@@ -318,7 +331,8 @@ void TcpKind::connect_mesh(const core::Config& config, Store& store,
                                                  peer_nonces[static_cast<size_t>(o.peer)], o.nonce);
     if (!bad.empty()) throw PeerError("rank " + std::to_string(o.peer) + " " + bad, o.peer);
     tune(o.fd.get());
-    slot(o.peer, o.channel) = std::make_unique<TcpLink>(this, o.peer, o.channel, std::move(o.fd));
+    slot(o.peer, o.channel) =
+        std::make_unique<TcpLink>(this, o.peer, o.channel, std::move(o.fd), o.channel == wires());
   }
 
   for (auto& l : links_) {
@@ -388,12 +402,13 @@ void TcpKind::throw_if_notice() {
 }
 
 int TcpKind::stuck_peer(bool* sending) const {
+  // Lanes always have a receive posted; point-to-point requests name their own peers.
   *sending = false;
   for (const auto& l : links_)
-    if (l && l->has_pending_recv()) return l->peer();
+    if (l && !l->lane() && l->has_pending_recv()) return l->peer();
   *sending = true;
   for (const auto& l : links_)
-    if (l && l->has_pending_send()) return l->peer();
+    if (l && !l->lane() && l->has_pending_send()) return l->peer();
   return -1;
 }
 

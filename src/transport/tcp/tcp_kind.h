@@ -53,6 +53,7 @@ class TcpKind final : public LinkKind {
   int rank() const { return opts_.rank; }
   int size() const { return opts_.size; }
   Link& link(int peer, int channel) override;
+  Link& lane(int peer) override;
   void begin_op(const OpTag& tag, bool /*stream_output*/) override { tag_ = tag; }
   // For error messages: turns a peer's tag into words ("allreduce #3 (float x 100, sum)").
   void set_describer(std::function<std::string(const OpTag&)> f) override {
@@ -95,7 +96,10 @@ class TcpKind final : public LinkKind {
   core::Fd epoll_;
   // Connections ("wires"): channels x nsocks per peer.
   int wires() const { return opts_.channels * opts_.nsocks; }
-  // [peer * wires() + channel * nsocks + socket], null for self.
+  // Connections per peer: the wires, then the point-to-point lane (at index wires()).
+  int stride() const { return wires() + 1; }
+  // [peer * stride() + channel * nsocks + socket], the lane at [peer * stride() + wires()], null
+  // for self.
   std::vector<std::unique_ptr<TcpLink>> links_;
   std::vector<std::unique_ptr<StripedLink>> striped_;  // [peer * channels + channel], nsocks > 1
   OpTag tag_;

@@ -35,8 +35,12 @@ constexpr int kMaxIov = 64;
 
 }  // namespace
 
-TcpLink::TcpLink(TcpKind* owner, int peer, int channel, core::Fd fd)
-    : owner_(owner), peer_(peer), channel_(channel), fd_(std::move(fd)) {}
+TcpLink::TcpLink(TcpKind* owner, int peer, int channel, core::Fd fd, bool lane)
+    : owner_(owner), peer_(peer), channel_(channel), lane_(lane), fd_(std::move(fd)) {}
+
+const OpTag& TcpLink::tag() const {
+  return lane_ ? lane_tag_ : owner_->tag();
+}
 
 void TcpLink::peer_failed(const std::string& what, int err) {
   // The peer said why it went away: that is the error, not the symptom.
@@ -74,7 +78,7 @@ TcpLink::SendOp* TcpLink::enqueue_send(const void* src, size_t bytes, Completion
   SendOp op;
   op.header.channel = static_cast<uint16_t>(channel_);
   op.header.payload_bytes = bytes;
-  op.header.tag = owner_->tag();
+  op.header.tag = tag();
   op.data = static_cast<const char*>(src);
   op.bytes = bytes;
   op.written = 0;
@@ -202,7 +206,8 @@ void TcpLink::post_recv(RecvKind kind, void* dst, const void* local, size_t byte
   recvs_.push_back(op);
   // What already sits in the inbox may complete it without a syscall.
   if (recvs_.size() == 1) drain_inbox();
-  if (closed_by_peer_ && !recvs_.empty()) peer_failed("closed the connection", closed_errno_);
+  if (closed_by_peer_ && !recvs_.empty() && !lane_)
+    peer_failed("closed the connection", closed_errno_);
   owner_->update_interest(*this);
 }
 
@@ -272,7 +277,7 @@ void TcpLink::drain_inbox() {
     if (recvs_.empty()) return;
     RecvOp& op = recvs_.front();
     if (!in_header_checked_) {
-      if (!(in_header_.tag == owner_->tag()))
+      if (!(in_header_.tag == tag()))
         throw MismatchError("mismatched call: rank " + std::to_string(peer_) + " issued " +
                             owner_->describe(in_header_.tag));
       if (const std::string bad = check_data_frame(in_header_, op.bytes); !bad.empty())
@@ -460,7 +465,8 @@ void TcpLink::peer_closed(int err) {
   closed_by_peer_ = true;
   closed_errno_ = err;
   drain_inbox();
-  if (!recvs_.empty() || !sends_.empty()) peer_failed("closed the connection", err);
+  // A lane's standing receive needs nothing from a peer that has gone: its owner decides.
+  if (!lane_ && (!recvs_.empty() || !sends_.empty())) peer_failed("closed the connection", err);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -20,8 +20,12 @@ class TcpKind;
 
 class TcpLink final : public Link {
  public:
-  TcpLink(TcpKind* owner, int peer, int channel, core::Fd fd);
+  // lane: a point-to-point lane (LinkKind::lane): its frames carry lane_tag(), and its peer's
+  // closing is left to its owner instead of failing its standing receive.
+  TcpLink(TcpKind* owner, int peer, int channel, core::Fd fd, bool lane = false);
   int peer() const override { return peer_; }
+  bool lane() const { return lane_; }
+  bool closed() const override { return closed_by_peer_ || failed_; }
   int channel() const { return channel_; }
   int fd() const { return fd_.get(); }
 
@@ -116,9 +120,14 @@ class TcpLink final : public Link {
   void read_pending_notice();
   void set_notice(int32_t code, int32_t blamed, const std::string& reason);
 
+  // The tag this link's frames carry and its receives expect.
+  const OpTag& tag() const;
+
   TcpKind* owner_;
   int peer_;
   int channel_;
+  bool lane_;
+  OpTag lane_tag_ = lane_tag();
   core::Fd fd_;
   bool failed_ = false;
   bool closed_by_peer_ = false;
