@@ -1,7 +1,9 @@
 // Test data whose reductions are exact in every dtype, shared by ringreduce-perf's checker and
 // the tests. Values are small integers (products use only 1 and 2), so sums, products, min and
 // max are exact in f16/bf16 too, and the pattern repeats every kPeriod elements, so a checker
-// compares against kPeriod precomputed values instead of recomputing every element.
+// compares against kPeriod precomputed values instead of recomputing every element. bool inputs
+// are 0 and 1 (mostly 1: and, or and xor all see both); premul_sum is checked with its default
+// factor 1 here (a sum), the tests scale with other factors themselves.
 #pragma once
 
 #include <algorithm>
@@ -22,6 +24,7 @@ inline bool is_unsigned(DataType t) {
 
 // The value rank `rank` contributes at element i.
 inline double input_value(int rank, size_t i, DataType t, ReduceOp op) {
+  if (t == DataType::boolean) return ((i * 7 + static_cast<size_t>(rank) * 3) % 5 == 0) ? 0 : 1;
   if (op == ReduceOp::prod) return ((i + static_cast<size_t>(rank)) % 3 == 0) ? 2.0 : 1.0;
   const double v = static_cast<double>((i * 7 + static_cast<size_t>(rank) * 3) % 5);
   return is_unsigned(t) ? v : v - 2.0;
@@ -59,6 +62,12 @@ inline void store_value(DataType t, void* p, size_t i, double v) {
     case DataType::u64:
       static_cast<uint64_t*>(p)[i] = static_cast<uint64_t>(static_cast<int64_t>(v));
       break;
+    case DataType::i16:
+      static_cast<int16_t*>(p)[i] = static_cast<int16_t>(static_cast<int64_t>(v));
+      break;
+    case DataType::boolean:
+      static_cast<uint8_t*>(p)[i] = v != 0 ? 1 : 0;
+      break;
   }
 }
 
@@ -84,6 +93,10 @@ inline double load_value(DataType t, const void* p, size_t i) {
       return static_cast<double>(static_cast<const int64_t*>(p)[i]);
     case DataType::u64:
       return static_cast<double>(static_cast<const uint64_t*>(p)[i]);
+    case DataType::i16:
+      return static_cast<const int16_t*>(p)[i];
+    case DataType::boolean:
+      return static_cast<const uint8_t*>(p)[i];
   }
   return 0;
 }
@@ -94,10 +107,24 @@ inline double expected_value(int size, size_t i, DataType t, ReduceOp op) {
   double acc = input_value(0, i, t, op);
   for (int r = 1; r < size; ++r) {
     const double v = input_value(r, i, t, op);
+    // Bitwise on the values as the integers they are (small, so two's complement in any width).
+    const auto bits = [&](auto f) {
+      acc = static_cast<double>(f(static_cast<int64_t>(acc), static_cast<int64_t>(v)));
+    };
     switch (op) {
       case ReduceOp::sum:
       case ReduceOp::avg:
+      case ReduceOp::premul_sum:
         acc += v;
+        break;
+      case ReduceOp::band:
+        bits([](int64_t a, int64_t b) { return a & b; });
+        break;
+      case ReduceOp::bor:
+        bits([](int64_t a, int64_t b) { return a | b; });
+        break;
+      case ReduceOp::bxor:
+        bits([](int64_t a, int64_t b) { return a ^ b; });
         break;
       case ReduceOp::prod:
         acc *= v;
@@ -110,6 +137,8 @@ inline double expected_value(int size, size_t i, DataType t, ReduceOp op) {
         break;
     }
   }
+  // bool: a sum is an or, a product an and (truth values).
+  if (t == DataType::boolean) acc = acc != 0 ? 1 : 0;
   if (op == ReduceOp::avg) {
     switch (t) {
       case DataType::f64:

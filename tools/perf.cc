@@ -50,8 +50,10 @@ struct Args {
       stderr,
       "usage: ringreduce-perf allreduce|reduce_scatter|allgather|broadcast|reduce|alltoall\n"
       "  [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-n ITERS (0: adaptive)] [-w WARMUP]\n"
-      "  [-c CHECK 0|1] [-d float|half|bfloat16|double|int8|uint8|int32|uint32|int64|uint64|all]\n"
-      "  [-o sum|prod|min|max|avg|all] [-r ROOT] [-a ALGO] [-T SECONDS_PER_SIZE]\n"
+      "  [-c CHECK 0|1]\n"
+      "  [-d float|half|bfloat16|double|int8|uint8|int16|int32|uint32|int64|uint64|bool|all]\n"
+      "  [-o sum|prod|min|max|avg|band|bor|bxor|premul_sum|all] [-r ROOT] [-a ALGO]\n"
+      "  [-T SECONDS_PER_SIZE]\n"
       "   or: ringreduce-perf --calibrate FILE\n"
       "  measures the links and the reduce kernel at length (30 batches instead of start-up's 3)\n"
       "  and writes them to FILE for RINGREDUCE_TUNING_FILE, replacing the line for this link\n"
@@ -432,6 +434,7 @@ int main(int argc, char** argv) {
     for (DataType dtype : args.dtypes) {
       for (ReduceOp op : args.ops) {
         if (!reduces(args.coll) && op != args.ops.front()) continue;  // op is irrelevant
+        if (reduces(args.coll) && !op_applies(op, dtype)) continue;   // -d all -o all
         for (size_t bytes = args.min_bytes; bytes <= args.max_bytes;) {
           const size_t elem = dtype_size(dtype);
           size_t count = bytes / elem;

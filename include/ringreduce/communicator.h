@@ -38,6 +38,9 @@ class CommImpl;
 struct CallOptions {
   // Overrides the communicator's timeout for this op.
   std::optional<std::chrono::milliseconds> timeout;
+  // ReduceOp::premul_sum: this rank's input is multiplied by it before the sum (each rank may
+  // pass its own, e.g. 1/N for an average that keeps f16's range).
+  double premul_factor = 1.0;
 };
 
 // The handle of an asynchronous op. Buffers must stay valid until the op has completed.

@@ -25,7 +25,7 @@ typedef enum {
   RR_ERR_ABORTED = 6
 } rr_result_t;
 
-/* Same order as ringreduce::DataType and ringreduce::ReduceOp. */
+/* Same order as ringreduce::DataType and ringreduce::ReduceOp. RR_BOOL: one byte, 0 or 1. */
 typedef enum {
   RR_F16,
   RR_BF16,
@@ -36,9 +36,24 @@ typedef enum {
   RR_I32,
   RR_U32,
   RR_I64,
-  RR_U64
+  RR_U64,
+  RR_I16,
+  RR_BOOL
 } rr_dtype_t;
-typedef enum { RR_SUM, RR_PROD, RR_MIN, RR_MAX, RR_AVG } rr_op_t;
+/* RR_BAND, RR_BOR, RR_BXOR: integers and bool. RR_PREMUL_SUM: floating point, each rank's input
+ * multiplied by a factor of its own first (rr_allreduce_premul_sum; through the other calls the
+ * factor is 1). */
+typedef enum {
+  RR_SUM,
+  RR_PROD,
+  RR_MIN,
+  RR_MAX,
+  RR_AVG,
+  RR_BAND,
+  RR_BOR,
+  RR_BXOR,
+  RR_PREMUL_SUM
+} rr_op_t;
 
 /* Rank, size and rendezvous from the environment (RINGREDUCE_*, torchrun, OpenMPI, Slurm, PMI). */
 rr_result_t rr_comm_init_from_env(rr_comm_t** comm);
@@ -55,6 +70,9 @@ rr_result_t rr_comm_abort(rr_comm_t* comm, const char* reason);
 /* Blocking collectives; counts are elements (see the C++ header for each collective's layout). */
 rr_result_t rr_allreduce(rr_comm_t* comm, const void* send, void* recv, size_t count,
                          rr_dtype_t dtype, rr_op_t op);
+/* op RR_PREMUL_SUM with this rank's factor. */
+rr_result_t rr_allreduce_premul_sum(rr_comm_t* comm, const void* send, void* recv, size_t count,
+                                    rr_dtype_t dtype, double factor);
 rr_result_t rr_reduce_scatter(rr_comm_t* comm, const void* send, void* recv, size_t recv_count,
                               rr_dtype_t dtype, rr_op_t op);
 rr_result_t rr_allgather(rr_comm_t* comm, const void* send, void* recv, size_t send_count,

@@ -7,12 +7,18 @@
 
 namespace ringreduce {
 
-enum class DataType : uint8_t { f16, bf16, f32, f64, i8, u8, i32, u32, i64, u64 };
-inline constexpr int kNumDataTypes = 10;
+// Values are part of the C ABI (ringreduce.h): never renumber one, only add. boolean is one byte
+// holding 0 or 1 (C++ bool, torch.bool).
+enum class DataType : uint8_t { f16, bf16, f32, f64, i8, u8, i32, u32, i64, u64, i16, boolean };
+inline constexpr int kNumDataTypes = 12;
 
 // avg = sum, then divide by the world size once at the end; integers truncate toward zero.
-enum class ReduceOp : uint8_t { sum, prod, min, max, avg };
-inline constexpr int kNumReduceOps = 5;
+// band, bor, bxor: bitwise, on integers and bool. premul_sum: each rank's input multiplied by a
+// scalar of its own (CallOptions::premul_factor) before the sum, for floating-point types (NCCL's
+// ncclRedOpCreatePreMulSum, torch's PREMUL_SUM). On bool, sum and max are or, prod and min are
+// and (as torch computes them).
+enum class ReduceOp : uint8_t { sum, prod, min, max, avg, band, bor, bxor, premul_sum };
+inline constexpr int kNumReduceOps = 9;
 
 // IEEE 754 binary16 and bfloat16, stored as their bit patterns. Typed spans of these deduce
 // DataType::f16 / DataType::bf16; arithmetic on them is the reduce layer's business.
@@ -25,8 +31,11 @@ struct bfloat16 {
 
 size_t dtype_size(DataType t);
 const char* dtype_name(DataType t);  // "float", "half", "bfloat16", ... (nccl-tests spelling)
-const char* op_name(ReduceOp op);    // "sum", "prod", "min", "max", "avg"
+const char* op_name(ReduceOp op);    // "sum", "prod", "min", "max", "avg", "band", ...
 bool is_float(DataType t);
+// Whether `op` reduces values of type `t` (bitwise ops: integers and bool; premul_sum: floating
+// point; avg: all but bool; the rest: every type).
+bool op_applies(ReduceOp op, DataType t);
 
 // Parse the spellings nccl-tests accepts ("float", "f32", "half", "bf16", "int32", ...).
 // Return false if the name is unknown.
@@ -50,6 +59,8 @@ RINGREDUCE_DTYPE_OF(int32_t, i32);
 RINGREDUCE_DTYPE_OF(uint32_t, u32);
 RINGREDUCE_DTYPE_OF(int64_t, i64);
 RINGREDUCE_DTYPE_OF(uint64_t, u64);
+RINGREDUCE_DTYPE_OF(int16_t, i16);
+RINGREDUCE_DTYPE_OF(bool, boolean);
 #undef RINGREDUCE_DTYPE_OF
 
 }  // namespace ringreduce

@@ -53,12 +53,16 @@ std::optional<rr::DataType> dtype_of_format(const std::string& format, py::ssize
       return rr::DataType::f32;
     case 'd':
       return rr::DataType::f64;
+    case '?':
+      if (itemsize == 1) return rr::DataType::boolean;
+      return std::nullopt;
     case 'b':
     case 'h':
     case 'i':
     case 'l':
     case 'q':
       if (itemsize == 1) return rr::DataType::i8;
+      if (itemsize == 2) return rr::DataType::i16;
       if (itemsize == 4) return rr::DataType::i32;
       if (itemsize == 8) return rr::DataType::i64;
       return std::nullopt;
@@ -166,11 +170,15 @@ rr::ReduceOp to_op(const rr::Communicator* comm, const char* call, const py::obj
     rr::ReduceOp out;
     const std::string name = op.cast<std::string>();
     if (!rr::parse_op(name, &out))
-      bad_argument(comm, call, "unknown reduce op '" + name + "' (sum, prod, min, max, avg)");
+      bad_argument(comm, call,
+                   "unknown reduce op '" + name +
+                       "' (sum, prod, min, max, avg, band, bor, bxor, premul_sum)");
     return out;
   }
   if (!py::isinstance<rr::ReduceOp>(op))
-    bad_argument(comm, call, "op must be a ReduceOp or one of 'sum', 'prod', 'min', 'max', 'avg'");
+    bad_argument(comm, call,
+                 "op must be a ReduceOp or one of 'sum', 'prod', 'min', 'max', 'avg', 'band', "
+                 "'bor', 'bxor', 'premul_sum'");
   return op.cast<rr::ReduceOp>();
 }
 
@@ -463,7 +471,11 @@ PYBIND11_MODULE(_ringreduce, m) {
       .value("PROD", rr::ReduceOp::prod)
       .value("MIN", rr::ReduceOp::min)
       .value("MAX", rr::ReduceOp::max)
-      .value("AVG", rr::ReduceOp::avg);
+      .value("AVG", rr::ReduceOp::avg)
+      .value("BAND", rr::ReduceOp::band)
+      .value("BOR", rr::ReduceOp::bor)
+      .value("BXOR", rr::ReduceOp::bxor)
+      .value("PREMUL_SUM", rr::ReduceOp::premul_sum);
 
   py::class_<PyWork>(m, "Work", "The handle of an async collective.")
       .def("wait", &PyWork::wait, py::arg("timeout") = py::none(),

@@ -1,5 +1,7 @@
 #include "algorithms/collectives.h"
 
+#include "algorithms/algorithm.h"
+
 #include <iterator>
 
 #include "ringreduce/error.h"
@@ -47,6 +49,21 @@ const CollectiveFacts& facts(Collective c) {
   const CollectiveFacts* f = find_facts(c);
   if (!f) throw InvalidArgument("unknown collective " + std::to_string(static_cast<int>(c)));
   return *f;
+}
+
+size_t send_elements(const Args& a, int rank, int size) {
+  const CollectiveFacts& f = facts(a.kind);
+  const bool here = f.send_on == Holder::all || (f.send_on == Holder::root) == (rank == a.root);
+  if (!here) return 0;
+  switch (f.send_blocks) {
+    case Blocks::none:
+      return 0;
+    case Blocks::one:
+      return a.count;
+    case Blocks::per_rank:
+      return a.count * static_cast<size_t>(size);
+  }
+  return 0;
 }
 
 const CollectiveFacts* facts_by_name(const std::string& name) {

@@ -62,6 +62,10 @@ const CollectiveFacts& facts(Collective c);
 std::span<const CollectiveFacts> all_facts();
 // By name; null if none.
 const CollectiveFacts* facts_by_name(const std::string& name);
+struct Args;
+// Elements of the send buffer a rank passes (0 on a rank that passes none).
+size_t send_elements(const Args& a, int rank, int size);
+
 inline const char* collective_name(Collective c) {
   const CollectiveFacts* f = find_facts(c);
   return f ? f->name : "?";

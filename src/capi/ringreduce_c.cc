@@ -58,6 +58,16 @@ rr_result_t guarded(std::string* error, std::mutex* mu, Fn&& fn) {
   if ((c) == nullptr) return RR_ERR_INVALID_ARGUMENT
 #define RR_ON(c, body) guarded(&(c)->last_error, &(c)->mu, [&] { body; })
 
+// The C enums mirror the C++ ones value for value (the casts below rely on it).
+static_assert(RR_U64 == static_cast<int>(ringreduce::DataType::u64) &&
+              RR_I16 == static_cast<int>(ringreduce::DataType::i16) &&
+              RR_BOOL == static_cast<int>(ringreduce::DataType::boolean) &&
+              RR_BOOL + 1 == ringreduce::kNumDataTypes);
+static_assert(RR_AVG == static_cast<int>(ringreduce::ReduceOp::avg) &&
+              RR_BXOR == static_cast<int>(ringreduce::ReduceOp::bxor) &&
+              RR_PREMUL_SUM == static_cast<int>(ringreduce::ReduceOp::premul_sum) &&
+              RR_PREMUL_SUM + 1 == ringreduce::kNumReduceOps);
+
 ringreduce::DataType dt(rr_dtype_t t) {
   return static_cast<ringreduce::DataType>(t);
 }
@@ -130,6 +140,15 @@ rr_result_t rr_allreduce(rr_comm_t* c, const void* send, void* recv, size_t coun
                          rr_op_t op) {
   RR_CHECK_COMM(c);
   return RR_ON(c, c->comm->allreduce(send, recv, count, dt(dtype), op_of(op)));
+}
+
+rr_result_t rr_allreduce_premul_sum(rr_comm_t* c, const void* send, void* recv, size_t count,
+                                    rr_dtype_t dtype, double factor) {
+  RR_CHECK_COMM(c);
+  ringreduce::CallOptions call;
+  call.premul_factor = factor;
+  return RR_ON(
+      c, c->comm->allreduce(send, recv, count, dt(dtype), ringreduce::ReduceOp::premul_sum, call));
 }
 
 rr_result_t rr_reduce_scatter(rr_comm_t* c, const void* send, void* recv, size_t recv_count,

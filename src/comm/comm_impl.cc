@@ -6,6 +6,7 @@
 
 #include "comm/errors.h"
 #include "core/log.h"
+#include "reduce/reduce.h"
 #include "rendezvous/tcp_store.h"  // the store server the destructor stops
 #include "ringreduce/error.h"
 
@@ -120,6 +121,9 @@ void CommImpl::validate(const OpState& op) const {
   if (!f) bad("unknown collective");
   if (static_cast<int>(a.dtype) >= kNumDataTypes) bad("unknown data type");
   if (static_cast<int>(a.op) >= kNumReduceOps) bad("unknown reduce op");
+  if (f->has_op && !op_applies(a.op, a.dtype))
+    bad(std::string(op_name(a.op)) + " does not apply to " + dtype_name(a.dtype) +
+        " (band, bor, bxor: integers and bool; premul_sum: floating point; avg: all but bool)");
   if (f->has_root && (a.root < 0 || a.root >= size_))
     bad("root " + std::to_string(a.root) + " is not a rank of this communicator (0.." +
         std::to_string(size_ - 1) + ")");
@@ -155,6 +159,7 @@ void CommImpl::prepare(OpState& op, const algorithms::Args& args, const CallOpti
   op.async = async;
   op.comm = this;
   op.timeout = call.timeout.value_or(timeout_);
+  op.premul_factor = call.premul_factor;
   op.plan = tuner_->choose(args);
   auto& t = op.tag;
   t.count = args.count;
@@ -326,6 +331,18 @@ std::exception_ptr CommImpl::execute(OpState& op) {
     auto prefix = [&] { return "rank " + std::to_string(rank_) + ": " + describe(op.tag) + ": "; };
     if (stall_) stall_->op_started(op.tag);
     try {
+      algorithms::Args args = op.args;
+      // premul_sum: the input, multiplied by this rank's factor, into a buffer of the op's own;
+      // the algorithm then sums that (out of place whatever the call's placement was).
+      std::unique_ptr<char[]> premul;
+      if (args.op == ReduceOp::premul_sum) {
+        const size_t n = algorithms::send_elements(args, rank_, size_);
+        premul =
+            std::make_unique_for_overwrite<char[]>(std::max<size_t>(1, n * dtype_size(args.dtype)));
+        reduce::scale(premul.get(), args.send, n, args.dtype, op.premul_factor);
+        args.send = premul.get();
+        args.op = ReduceOp::sum;
+      }
       transport_->begin_op(op.tag, op.plan.stream_output);
       algorithms::Context ctx{*transport_,
                               rank_,
@@ -343,11 +360,11 @@ std::exception_ptr CommImpl::execute(OpState& op) {
         const auto started = core::Clock::now();
         RR_LOG(trace, rank_, describe(op.tag), ": ", op.plan.algorithm->name, ", segments of ",
                op.plan.segment_bytes, " B, ", op.plan.channels, " channel(s)");
-        op.plan.algorithm->run(ctx, op.args);
+        op.plan.algorithm->run(ctx, args);
         RR_LOG(trace, rank_, describe(op.tag), ": done in ",
                static_cast<int64_t>(core::seconds_since(started) * 1e6), " us");
       } else {
-        op.plan.algorithm->run(ctx, op.args);
+        op.plan.algorithm->run(ctx, args);
       }
     } catch (const Error& e) {
       std::string suffix;

@@ -44,6 +44,7 @@ struct OpState {
   tuner::Plan plan;
   transport::OpTag tag;
   std::chrono::milliseconds timeout{0};
+  double premul_factor = 1.0;  // ReduceOp::premul_sum (CallOptions)
   bool async = false;
   CommImpl* comm = nullptr;
   // Guarded by CommImpl::mu_; `finished` may be read without it.

@@ -8,6 +8,7 @@ size_t dtype_size(DataType t) {
   switch (t) {
     case DataType::f16:
     case DataType::bf16:
+    case DataType::i16:
       return 2;
     case DataType::f32:
     case DataType::i32:
@@ -19,6 +20,7 @@ size_t dtype_size(DataType t) {
       return 8;
     case DataType::i8:
     case DataType::u8:
+    case DataType::boolean:
       return 1;
   }
   return 0;
@@ -46,6 +48,10 @@ const char* dtype_name(DataType t) {
       return "int64";
     case DataType::u64:
       return "uint64";
+    case DataType::i16:
+      return "int16";
+    case DataType::boolean:
+      return "bool";
   }
   return "?";
 }
@@ -62,8 +68,31 @@ const char* op_name(ReduceOp op) {
       return "max";
     case ReduceOp::avg:
       return "avg";
+    case ReduceOp::band:
+      return "band";
+    case ReduceOp::bor:
+      return "bor";
+    case ReduceOp::bxor:
+      return "bxor";
+    case ReduceOp::premul_sum:
+      return "premul_sum";
   }
   return "?";
+}
+
+bool op_applies(ReduceOp op, DataType t) {
+  switch (op) {
+    case ReduceOp::band:
+    case ReduceOp::bor:
+    case ReduceOp::bxor:
+      return !is_float(t);
+    case ReduceOp::premul_sum:
+      return is_float(t);
+    case ReduceOp::avg:
+      return t != DataType::boolean;
+    default:
+      return static_cast<int>(op) < kNumReduceOps;
+  }
 }
 
 bool is_float(DataType t) {
@@ -84,6 +113,8 @@ bool parse_dtype(const std::string& n, DataType* out) {
       {"int32", DataType::i32},     {"i32", DataType::i32},     {"int", DataType::i32},
       {"uint32", DataType::u32},    {"u32", DataType::u32},     {"int64", DataType::i64},
       {"i64", DataType::i64},       {"uint64", DataType::u64},  {"u64", DataType::u64},
+      {"int16", DataType::i16},     {"i16", DataType::i16},     {"short", DataType::i16},
+      {"bool", DataType::boolean},
   };
   for (const auto& a : kAliases) {
     if (n == a.name) {
@@ -95,7 +126,8 @@ bool parse_dtype(const std::string& n, DataType* out) {
 }
 
 bool parse_op(const std::string& n, ReduceOp* out) {
-  for (ReduceOp op : {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg}) {
+  for (int i = 0; i < kNumReduceOps; ++i) {
+    const auto op = static_cast<ReduceOp>(i);
     if (n == op_name(op)) {
       *out = op;
       return true;

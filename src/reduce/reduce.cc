@@ -111,6 +111,9 @@ void check(DataType type, ReduceOp op) {
     throw InvalidArgument("reduce: unknown dtype " + std::to_string(static_cast<int>(type)) +
                           " or op " + std::to_string(static_cast<int>(op)));
   }
+  if (!op_applies(op, type))
+    throw InvalidArgument(std::string("reduce: ") + op_name(op) + " does not apply to " +
+                          dtype_name(type));
 }
 
 }  // namespace
@@ -139,9 +142,14 @@ void copy(void* dst, const void* src, size_t bytes, bool stream) {
 }
 
 void divide(void* dst, const void* src, size_t count, DataType type, uint64_t divisor) {
-  check(type, ReduceOp::sum);
+  check(type, ReduceOp::avg);
   if (divisor == 0) throw InvalidArgument("reduce: divide by zero");
   internal::active_table().divide[static_cast<int>(type)](dst, src, count, divisor);
+}
+
+void scale(void* dst, const void* src, size_t count, DataType type, double factor) {
+  check(type, ReduceOp::premul_sum);
+  internal::active_table().scale[static_cast<int>(type)](dst, src, count, factor);
 }
 
 const char* isa() {

@@ -11,7 +11,9 @@
 namespace ringreduce::reduce {
 
 // dst[i] = a[i] (op) b[i] for i < count. dst may alias a or b (in place).
-// ReduceOp::avg combines as sum: the algorithm divides once at the end (see divide()).
+// ReduceOp::avg combines as sum: the algorithm divides once at the end (see divide()); so does
+// premul_sum (its inputs were scaled first, see scale()). InvalidArgument for an op that does not
+// apply to the type (op_applies).
 // f16 and bf16 are widened to f32, combined, and rounded to nearest-even once.
 void combine(void* dst, const void* a, const void* b, size_t count, DataType type, ReduceOp op);
 
@@ -24,6 +26,10 @@ size_t stream_output_threshold();
 
 // dst[i] = src[i] / divisor; integers truncate toward zero. dst may alias src.
 void divide(void* dst, const void* src, size_t count, DataType type, uint64_t divisor);
+
+// dst[i] = src[i] * factor, for floating-point types (premul_sum); f16 and bf16 multiply in f32.
+// dst may alias src.
+void scale(void* dst, const void* src, size_t count, DataType type, double factor);
 
 // The instruction set the dispatcher chose: "avx512", "avx2" or "generic".
 const char* isa();

@@ -22,11 +22,15 @@ using DivideFn = void (*)(void* dst, const void* src, size_t count, uint64_t div
 using StreamFn = CombineFn;
 // memcpy with streaming stores (whole bytes, any alignment; dst and src do not overlap).
 using CopyFn = void (*)(void* dst, const void* src, size_t bytes);
+// dst[i] = src[i] * factor (dst == src or no overlap).
+using ScaleFn = void (*)(void* dst, const void* src, size_t count, double factor);
 
 struct KernelTable {
   const char* name;  // "generic", "avx2", "avx512"
+  // Null where the op does not apply to the type (ringreduce::op_applies).
   CombineFn combine[kNumDataTypes][kNumReduceOps];
-  DivideFn divide[kNumDataTypes];
+  DivideFn divide[kNumDataTypes];  // null for bool (no avg)
+  ScaleFn scale[kNumDataTypes];    // floating point only
   StreamFn combine_stream[kNumDataTypes][kNumReduceOps];
   CopyFn copy_stream;
 };

@@ -898,6 +898,14 @@ TEST(Comm, CApiReportsErrorsWithoutExceptions) {
       EXPECT_EQ(rr_work_source(s), -1);  // a send has no source
       rr_work_free(s);
       EXPECT_EQ(rr_send(comm, mine.data(), 1, RR_I32, r, 0), RR_ERR_INVALID_ARGUMENT);
+      // premul_sum with this rank's factor; bitwise on bool.
+      std::vector<float> f(5, 2.0f);
+      rc |= rr_allreduce_premul_sum(comm, f.data(), f.data(), f.size(), RR_F32, 0.5 * (r + 1));
+      EXPECT_EQ(f[4], 6.0f);  // 2 * (0.5 + 1 + 1.5)
+      std::vector<uint8_t> flags = {uint8_t(r == 1), 1};
+      rc |= rr_allreduce(comm, flags.data(), flags.data(), 2, RR_BOOL, RR_BXOR);
+      EXPECT_EQ(flags[0], 1);
+      EXPECT_EQ(flags[1], 1);  // three trues
       EXPECT_NE(std::string(rr_last_error(comm)).find("itself"), std::string::npos);
       rc |= rr_barrier(comm);
       results[static_cast<size_t>(r)] = rc;

@@ -379,7 +379,11 @@ class Soak {
     while (pick >= weights[c]) pick -= weights[c++];
     s.coll = static_cast<Coll>(c);
     s.dtype = static_cast<DataType>(shared_.below(kNumDataTypes));
-    s.op = static_cast<ReduceOp>(shared_.below(kNumReduceOps));
+    // Only ops that apply to the dtype (bitwise on integers and bool, premul_sum, whose default
+    // factor 1 makes it a sum, on floating point).
+    do {
+      s.op = static_cast<ReduceOp>(shared_.below(kNumReduceOps));
+    } while (!op_applies(s.op, s.dtype));
     s.root = static_cast<int>(shared_.below(static_cast<size_t>(n_)));
     s.shift = shared_.below(kPeriod);
     // Log-uniform in elements from 1 to max_bytes (total over the ranks' blocks for the blocked

@@ -1,6 +1,7 @@
-// Reduce kernels against a scalar reference: every dtype x op x every instruction-set variant this
-// CPU supports, at counts around every vector width, out of place and in place; plus the f16 and
-// bf16 conversions (exhaustive for f16), integer wraparound and truncating division.
+// Reduce kernels against a scalar reference: every dtype x op that applies to it x every
+// instruction-set variant this CPU supports, at counts around every vector width, out of place
+// and in place; plus the f16 and bf16 conversions (exhaustive for f16), integer wraparound,
+// truncating division, premul_sum's scaling, and bool's truth-value semantics.
 //
 // The references are written independently of the kernels: f16 goes through GCC's _Float16
 // (libgcc's soft-float conversions), bf16 through nearbyint on doubles, integers through 64- and
@@ -38,10 +39,11 @@ namespace rr = ringreduce::reduce;
 namespace ri = ringreduce::reduce::internal;
 
 constexpr DataType kAllTypes[] = {DataType::f16, DataType::bf16, DataType::f32, DataType::f64,
-                                  DataType::i8,  DataType::u8,   DataType::i32, DataType::u32,
-                                  DataType::i64, DataType::u64};
-constexpr ReduceOp kAllOps[] = {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max,
-                                ReduceOp::avg};
+                                  DataType::i8,  DataType::u8,   DataType::i16, DataType::i32,
+                                  DataType::u32, DataType::i64,  DataType::u64, DataType::boolean};
+constexpr ReduceOp kAllOps[] = {ReduceOp::sum, ReduceOp::prod, ReduceOp::min,
+                                ReduceOp::max, ReduceOp::avg,  ReduceOp::band,
+                                ReduceOp::bor, ReduceOp::bxor, ReduceOp::premul_sum};
 constexpr ri::Isa kAllIsas[] = {ri::Isa::generic, ri::Isa::avx2, ri::Isa::avx512};
 constexpr size_t kCounts[] = {0, 1, 7, 15, 16, 17, 63, 64, 65, 1000, 4099};
 
@@ -98,8 +100,17 @@ bool bf16_is_nan(uint16_t b) {
 template <class T>
 T ref_op(T a, T b, ReduceOp op) {
   switch (op) {
+    case ReduceOp::band:
+    case ReduceOp::bor:
+    case ReduceOp::bxor:
+      if constexpr (std::is_integral_v<T>) {
+        return static_cast<T>(op == ReduceOp::band ? a & b : op == ReduceOp::bor ? a | b : a ^ b);
+      } else {
+        return T{};  // no such kernel (op_applies)
+      }
     case ReduceOp::sum:
     case ReduceOp::avg:
+    case ReduceOp::premul_sum:
       if constexpr (std::is_integral_v<T>) {
         return static_cast<T>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
       } else {
@@ -139,8 +150,39 @@ void ref_combine_16(void* dst, const void* a, const void* b, size_t n, ReduceOp 
   }
 }
 
+// bool: truth values (any non-zero byte is true); sum and max are or, prod and min are and.
+void ref_combine_bool(void* dst, const void* a, const void* b, size_t n, ReduceOp op) {
+  for (size_t i = 0; i < n; ++i) {
+    const bool x = static_cast<const unsigned char*>(a)[i] != 0;
+    const bool y = static_cast<const unsigned char*>(b)[i] != 0;
+    bool r = false;
+    switch (op) {
+      case ReduceOp::sum:
+      case ReduceOp::max:
+      case ReduceOp::bor:
+        r = x || y;
+        break;
+      case ReduceOp::prod:
+      case ReduceOp::min:
+      case ReduceOp::band:
+        r = x && y;
+        break;
+      case ReduceOp::bxor:
+        r = x != y;
+        break;
+      default:
+        break;
+    }
+    static_cast<unsigned char*>(dst)[i] = r ? 1 : 0;
+  }
+}
+
 void ref_combine(void* dst, const void* a, const void* b, size_t n, DataType t, ReduceOp op) {
   switch (t) {
+    case DataType::boolean:
+      return ref_combine_bool(dst, a, b, n, op);
+    case DataType::i16:
+      return ref_combine_typed<int16_t>(dst, a, b, n, op);
     case DataType::f16:
       return ref_combine_16<ref_half_to_float, ref_float_to_half>(dst, a, b, n, op);
     case DataType::bf16:
@@ -214,6 +256,10 @@ void ref_divide(void* dst, const void* src, size_t n, DataType t, uint64_t d) {
       return ref_divide_typed<int64_t>(dst, src, n, d);
     case DataType::u64:
       return ref_divide_typed<uint64_t>(dst, src, n, d);
+    case DataType::i16:
+      return ref_divide_typed<int16_t>(dst, src, n, d);
+    case DataType::boolean:
+      return;  // no avg on bool
   }
 }
 
@@ -297,6 +343,9 @@ std::vector<unsigned char> random_elements(DataType t, size_t n, std::mt19937_64
         case DataType::f64:
           bits = bits_as<uint64_t>(v);
           break;
+        case DataType::boolean:
+          bits = v > 0 ? 1 : 0;  // mostly 0 and 1; the arbitrary half has other bytes too
+          break;
         default:
           bits = static_cast<uint64_t>(static_cast<int64_t>(v * 4));
           break;
@@ -330,7 +379,8 @@ std::vector<KernelCase> all_cases() {
   std::vector<KernelCase> cases;
   for (ri::Isa isa : kAllIsas) {
     for (DataType t : kAllTypes) {
-      for (ReduceOp op : kAllOps) cases.push_back({isa, t, op});
+      for (ReduceOp op : kAllOps)
+        if (ringreduce::op_applies(op, t)) cases.push_back({isa, t, op});
     }
   }
   return cases;
@@ -415,7 +465,8 @@ std::vector<KernelCase> stream_cases() {
   std::vector<KernelCase> cases;
   for (ri::Isa isa : kAllIsas) {
     for (DataType t : {DataType::f32, DataType::f64}) {
-      for (ReduceOp op : kAllOps) cases.push_back({isa, t, op});
+      for (ReduceOp op : kAllOps)
+        if (ringreduce::op_applies(op, t)) cases.push_back({isa, t, op});
     }
   }
   return cases;
@@ -500,10 +551,81 @@ TEST(ReduceTables, StreamKernelsOnlyForF32AndF64) {
       for (ReduceOp op : kAllOps) {
         const bool has =
             ri::table_for(isa).combine_stream[static_cast<int>(t)][static_cast<int>(op)] != nullptr;
-        EXPECT_EQ(has, t == DataType::f32 || t == DataType::f64)
-            << isa_name(isa) << " " << ringreduce::dtype_name(t);
+        EXPECT_EQ(has, (t == DataType::f32 || t == DataType::f64) && ringreduce::op_applies(op, t))
+            << isa_name(isa) << " " << ringreduce::dtype_name(t) << " " << ringreduce::op_name(op);
       }
     }
+  }
+}
+
+TEST(ReduceTables, AKernelForEveryOpThatAppliesAndNoneElse) {
+  for (ri::Isa isa : kAllIsas)
+    for (DataType t : kAllTypes)
+      for (ReduceOp op : kAllOps) {
+        const bool has = ri::table_for(isa).combine[static_cast<int>(t)][static_cast<int>(op)];
+        EXPECT_EQ(has, ringreduce::op_applies(op, t))
+            << isa_name(isa) << " " << ringreduce::dtype_name(t) << " " << ringreduce::op_name(op);
+      }
+  // The public entry refuses what does not apply instead of calling nothing.
+  std::vector<float> f(4, 1.0f);
+  EXPECT_THROW(rr::combine(f.data(), f.data(), f.data(), 4, DataType::f32, ReduceOp::bxor),
+               ringreduce::InvalidArgument);
+  std::vector<uint8_t> b(4, 1);
+  EXPECT_THROW(rr::divide(b.data(), b.data(), 4, DataType::boolean, 2),
+               ringreduce::InvalidArgument);
+  EXPECT_THROW(rr::scale(b.data(), b.data(), 4, DataType::i8, 0.5), ringreduce::InvalidArgument);
+}
+
+// premul_sum's premultiplication: every floating-point type, every ISA, against the reference
+// (f16 and bf16 multiply in f32 and round once).
+TEST(ReduceValues, ScaleMultipliesOnceAndRoundsOnce) {
+  std::mt19937_64 rng(99);
+  for (ri::Isa isa : kAllIsas) {
+    if (!ri::cpu_supports(isa)) continue;
+    for (DataType t : {DataType::f16, DataType::bf16, DataType::f32, DataType::f64})
+      for (double factor : {0.25, -3.0, 1.0 / 3.0}) {
+        const size_t n = 1001, size = ringreduce::dtype_size(t);
+        const auto src = random_elements(t, n, rng);
+        std::vector<unsigned char> got(n * size + 1), want(n * size + 1);
+        ri::table_for(isa).scale[static_cast<int>(t)](got.data(), src.data(), n, factor);
+        for (size_t i = 0; i < n; ++i) {
+          switch (t) {
+            case DataType::f16: {
+              uint16_t h;
+              std::memcpy(&h, src.data() + 2 * i, 2);
+              const uint16_t r =
+                  ref_float_to_half(ref_half_to_float(h) * static_cast<float>(factor));
+              std::memcpy(want.data() + 2 * i, &r, 2);
+              break;
+            }
+            case DataType::bf16: {
+              uint16_t h;
+              std::memcpy(&h, src.data() + 2 * i, 2);
+              const uint16_t r =
+                  ref_float_to_bf16(ref_bf16_to_float(h) * static_cast<float>(factor));
+              std::memcpy(want.data() + 2 * i, &r, 2);
+              break;
+            }
+            case DataType::f32: {
+              float x;
+              std::memcpy(&x, src.data() + 4 * i, 4);
+              const float r = x * static_cast<float>(factor);
+              std::memcpy(want.data() + 4 * i, &r, 4);
+              break;
+            }
+            default: {
+              double x;
+              std::memcpy(&x, src.data() + 8 * i, 8);
+              const double r = x * factor;
+              std::memcpy(want.data() + 8 * i, &r, 8);
+              break;
+            }
+          }
+        }
+        const size_t bad = first_mismatch(got.data(), want.data(), n, t);
+        EXPECT_EQ(bad, n) << isa_name(isa) << " " << ringreduce::dtype_name(t) << " x " << factor
+                          << " element " << bad;
+      }
   }
 }
 
@@ -530,7 +652,8 @@ class DivideTest : public testing::TestWithParam<DivideCase> {
 std::vector<DivideCase> divide_cases() {
   std::vector<DivideCase> cases;
   for (ri::Isa isa : kAllIsas) {
-    for (DataType t : kAllTypes) cases.push_back({isa, t});
+    for (DataType t : kAllTypes)
+      if (ringreduce::op_applies(ReduceOp::avg, t)) cases.push_back({isa, t});
   }
   return cases;
 }
@@ -647,6 +770,23 @@ TEST(ReduceValues, IntegersWrapAround) {
   expect_combine<int8_t>(DataType::i8, ReduceOp::min, -1, 1, -1);
   expect_combine<int64_t>(DataType::i64, ReduceOp::max, -1, INT64_MIN, -1);
   expect_combine<uint32_t>(DataType::u32, ReduceOp::max, UINT32_MAX, 1, UINT32_MAX);
+}
+
+TEST(ReduceValues, BoolIsTruthValuedAndInt16Wraps) {
+  // Any non-zero byte is true; results are 0 or 1.
+  expect_combine<uint8_t>(DataType::boolean, ReduceOp::sum, 2, 0, 1);
+  expect_combine<uint8_t>(DataType::boolean, ReduceOp::prod, 2, 1, 1);
+  expect_combine<uint8_t>(DataType::boolean, ReduceOp::band, 2, 1, 1);
+  expect_combine<uint8_t>(DataType::boolean, ReduceOp::bxor, 2, 1, 0);
+  expect_combine<uint8_t>(DataType::boolean, ReduceOp::min, 1, 0, 0);
+  expect_combine<uint8_t>(DataType::boolean, ReduceOp::max, 0, 0, 0);
+  // 16-bit products do not overflow into undefined behaviour: they wrap.
+  expect_combine<int16_t>(DataType::i16, ReduceOp::prod, INT16_MIN, -1, INT16_MIN);
+  expect_combine<int16_t>(DataType::i16, ReduceOp::prod, -1, -1, 1);
+  expect_combine<int16_t>(DataType::i16, ReduceOp::prod, 256, 256, 0);
+  expect_combine<int16_t>(DataType::i16, ReduceOp::sum, INT16_MAX, 1, INT16_MIN);
+  expect_combine<int16_t>(DataType::i16, ReduceOp::bxor, 0x0F0F, 0x00FF, 0x0FF0);
+  expect_combine<uint64_t>(DataType::u64, ReduceOp::band, ~uint64_t{0}, 0x1234, 0x1234);
 }
 
 TEST(ReduceValues, HalfRoundsOnceToNearestEven) {
