@@ -114,6 +114,28 @@ class Communicator {
   Work alltoall_async(const void* send, void* recv, size_t count, DataType dtype,
                       const CallOptions& call = {});
   Work barrier_async(const CallOptions& call = {});
+  // send holds count elements; recv (on the root only; may be null elsewhere) holds size() * count,
+  // block r from rank r. In place: the root's send is block root of its recv.
+  Work gather_async(const void* send, void* recv, size_t count, DataType dtype, int root,
+                    const CallOptions& call = {});
+  // send (on the root only; may be null elsewhere) holds size() * count elements, block r for
+  // rank r; recv holds count. In place: the root's recv is block root of its send.
+  Work scatter_async(const void* send, void* recv, size_t count, DataType dtype, int root,
+                     const CallOptions& call = {});
+  // Blocks of their own sizes, the same `counts` (one per rank) on every rank: recv holds their
+  // total, block r (counts[r] elements) from rank r, one after another; send holds counts[rank()].
+  Work allgatherv_async(const void* send, void* recv, std::span<const size_t> counts,
+                        DataType dtype, const CallOptions& call = {});
+  // send holds the total of `counts` (the same on every rank), block r for rank r; recv gets this
+  // rank's block (counts[rank()] elements), reduced.
+  Work reduce_scatterv_async(const void* send, void* recv, std::span<const size_t> counts,
+                             DataType dtype, ReduceOp op, const CallOptions& call = {});
+  // send holds send_counts[j] elements for rank j, one block after another; recv gets
+  // recv_counts[j] from rank j. Each rank passes its own counts; rank j's send_counts[i] must
+  // equal rank i's recv_counts[j] (else a MismatchError on the receiver). send != recv.
+  Work alltoallv_async(const void* send, std::span<const size_t> send_counts, void* recv,
+                       std::span<const size_t> recv_counts, DataType dtype,
+                       const CallOptions& call = {});
 
   void allreduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
                  const CallOptions& call = {});
@@ -130,6 +152,16 @@ class Communicator {
   void alltoall(const void* send, void* recv, size_t count, DataType dtype,
                 const CallOptions& call = {});
   void barrier(const CallOptions& call = {});
+  void gather(const void* send, void* recv, size_t count, DataType dtype, int root,
+              const CallOptions& call = {});
+  void scatter(const void* send, void* recv, size_t count, DataType dtype, int root,
+               const CallOptions& call = {});
+  void allgatherv(const void* send, void* recv, std::span<const size_t> counts, DataType dtype,
+                  const CallOptions& call = {});
+  void reduce_scatterv(const void* send, void* recv, std::span<const size_t> counts, DataType dtype,
+                       ReduceOp op, const CallOptions& call = {});
+  void alltoallv(const void* send, std::span<const size_t> send_counts, void* recv,
+                 std::span<const size_t> recv_counts, DataType dtype, const CallOptions& call = {});
 
   // ---- point to point: counts are elements ---------------------------------------------------
   // A message of `count` elements to `peer`, received there by a recv with this rank (or

@@ -83,6 +83,22 @@ rr_result_t rr_reduce(rr_comm_t* comm, const void* send, void* recv, size_t coun
 rr_result_t rr_alltoall(rr_comm_t* comm, const void* send, void* recv, size_t count,
                         rr_dtype_t dtype);
 rr_result_t rr_barrier(rr_comm_t* comm);
+/* recv (root only; may be NULL elsewhere) holds size * count elements, block r from rank r. */
+rr_result_t rr_gather(rr_comm_t* comm, const void* send, void* recv, size_t count, rr_dtype_t dtype,
+                      int root);
+/* send (root only; may be NULL elsewhere) holds size * count elements, block r for rank r. */
+rr_result_t rr_scatter(rr_comm_t* comm, const void* send, void* recv, size_t count,
+                       rr_dtype_t dtype, int root);
+/* Blocks of their own sizes: counts has one entry per rank (the same on every rank); recv holds
+ * their total, one block after another; send holds counts[rank]. */
+rr_result_t rr_allgatherv(rr_comm_t* comm, const void* send, void* recv, const size_t* counts,
+                          rr_dtype_t dtype);
+/* send holds the total of counts (the same on every rank); recv gets counts[rank], reduced. */
+rr_result_t rr_reduce_scatterv(rr_comm_t* comm, const void* send, void* recv, const size_t* counts,
+                               rr_dtype_t dtype, rr_op_t op);
+/* send_counts[j] elements to rank j, recv_counts[j] from rank j, blocks one after another. */
+rr_result_t rr_alltoallv(rr_comm_t* comm, const void* send, const size_t* send_counts, void* recv,
+                         const size_t* recv_counts, rr_dtype_t dtype);
 
 /* Point to point: messages matched by (sender, tag) in their own space, in any order relative to
  * the collectives. peer RR_ANY_SOURCE receives from whichever rank sends first; *source (may be

@@ -21,9 +21,10 @@ namespace ringreduce::algorithms {
 
 // One call's arguments. `count` means, per collective:
 //   allreduce, broadcast, reduce: elements in the buffer;
-//   reduce_scatter: elements each rank receives (send holds size * count);
-//   allgather: elements each rank contributes (recv holds size * count);
-//   alltoall: elements sent to each rank (send and recv hold size * count).
+//   reduce_scatter, scatter: elements each rank receives (send holds size * count);
+//   allgather, gather: elements each rank contributes (recv holds size * count);
+//   alltoall: elements sent to each rank (send and recv hold size * count);
+//   allgatherv, reduce_scatterv, alltoallv: the total of `counts` (the blocks are in counts).
 struct Args {
   Collective kind = Collective::allreduce;
   const void* send = nullptr;
@@ -32,6 +33,12 @@ struct Args {
   DataType dtype = DataType::f32;
   ReduceOp op = ReduceOp::sum;
   int root = 0;
+  // Blocks of their own sizes, one per rank, laid out one after another: allgatherv's and
+  // reduce_scatterv's (the same on every rank), alltoallv's sends (block j to rank j). Empty for
+  // the others.
+  std::vector<size_t> counts;
+  // alltoallv: the receives (block j from rank j).
+  std::vector<size_t> recv_counts;
 };
 
 // Everything an algorithm may use while it runs.
@@ -133,6 +140,8 @@ void rabenseifner_allreduce(Context& ctx, const Args& a);
 void tree_allreduce(Context& ctx, const Args& a);
 void binomial_broadcast(Context& ctx, const Args& a);
 void binomial_reduce(Context& ctx, const Args& a);
+void linear_gather(Context& ctx, const Args& a);
+void linear_scatter(Context& ctx, const Args& a);
 
 double ring_allreduce_cost(const CostInputs& in, double k, double segment);
 double rd_allreduce_cost(const CostInputs& in, double k, double segment);

@@ -27,6 +27,14 @@ constexpr CollectiveFacts kFacts[] = {
     {Collective::reduce,         "reduce",         true,  true,  B::one,      H::all,    B::one,      H::root,   I::same,   "chain"},
     {Collective::alltoall,       "alltoall",       false, false, B::per_rank, H::all,    B::per_rank, H::all,    I::never,  "pairwise"},
     {Collective::barrier,        "barrier",        false, false, B::none,     H::all,    B::none,     H::all,    I::same,   "dissemination"},
+    // In place at the root: its block of the per-rank buffer is the one-block one.
+    {Collective::gather,         "gather",         true,  false, B::one,      H::all,    B::per_rank, H::root,   I::offset, "linear"},
+    {Collective::scatter,        "scatter",        true,  false, B::per_rank, H::root,   B::one,      H::all,    I::offset, "linear"},
+    // Blocks of their own sizes (Args::counts), the same on every rank.
+    {Collective::allgatherv,     "allgatherv",     false, false, B::own,      H::all,    B::all_blocks, H::all,  I::any,    "ring"},
+    {Collective::reduce_scatterv, "reduce_scatterv", false, true, B::all_blocks, H::all, B::own,      H::all,    I::offset, "ring"},
+    // Sends Args::counts, receives Args::recv_counts: each rank its own.
+    {Collective::alltoallv,      "alltoallv",      false, false, B::all_blocks, H::all,  B::all_blocks, H::all,  I::never,  "pairwise"},
 };
 // clang-format on
 
@@ -62,6 +70,13 @@ size_t send_elements(const Args& a, int rank, int size) {
       return a.count;
     case Blocks::per_rank:
       return a.count * static_cast<size_t>(size);
+    case Blocks::own:
+      return a.counts.at(static_cast<size_t>(rank));
+    case Blocks::all_blocks: {
+      size_t n = 0;
+      for (size_t c : a.counts) n += c;
+      return n;
+    }
   }
   return 0;
 }

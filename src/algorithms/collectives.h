@@ -21,14 +21,22 @@ enum class Collective : uint8_t {
   reduce = 5,
   alltoall = 6,
   barrier = 7,
+  gather = 8,
+  scatter = 9,
+  allgatherv = 10,
+  reduce_scatterv = 11,
+  alltoallv = 12,
 };
-inline constexpr int kMaxCollective = 7;
+inline constexpr int kMaxCollective = 12;
 
 // How many blocks of `count` elements a buffer holds.
 enum class Blocks : uint8_t {
   none,      // no buffer (barrier)
   one,       // count elements
   per_rank,  // size x count elements, block r for (or from) rank r
+  // Blocks of their own sizes (Args::counts; alltoallv's receives: Args::recv_counts).
+  own,         // counts[rank] elements: this rank's block
+  all_blocks,  // sum(counts) elements, block r for (or from) rank r, one after another
 };
 
 // Which ranks pass a buffer.

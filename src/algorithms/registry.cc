@@ -44,6 +44,11 @@ const std::vector<Algorithm>& all_algorithms() {
       // The barrier is not modelled: on one host the window's is one cache line per rank.
       {"flat",          Collective::barrier,       10, flat_barrier,                  true,  SIZE_MAX,        nullptr,                     "shm",     quarter_segment,        always},
       {"dissemination", Collective::barrier,        7, dissemination_barrier,         false, SIZE_MAX,        nullptr,                     "",        quarter_segment,        nullptr},
+      {"linear",        Collective::gather,        18, linear_gather,                 false, SIZE_MAX,        nullptr,                     "",        nullptr,                nullptr},
+      {"linear",        Collective::scatter,       19, linear_scatter,                false, SIZE_MAX,        nullptr,                     "",        nullptr,                nullptr},
+      {"ring",          Collective::allgatherv,    20, ring_allgather,                false, SIZE_MAX,        nullptr,                     "",        nullptr,                nullptr},
+      {"ring",          Collective::reduce_scatterv, 21, ring_reduce_scatter,         false, SIZE_MAX,        nullptr,                     "",        nullptr,                nullptr},
+      {"pairwise",      Collective::alltoallv,     22, pairwise_alltoall,             false, SIZE_MAX,        nullptr,                     "",        nullptr,                nullptr},
   };
   // clang-format on
   return kAll;

@@ -3,6 +3,9 @@
 // ring_allgather post identically.
 #pragma once
 
+#include <algorithm>
+#include <vector>
+
 #include "algorithms/algorithm.h"
 #include "algorithms/ring_schedule.h"
 
@@ -26,6 +29,25 @@ class RingCuts {
     c.ring_ = ring;
     return c;
   }
+  // The same with blocks of their own sizes (allgatherv, reduce_scatterv): block r holds
+  // blocks[r] elements at element offset `offsets[r]`; this channel's part of each is
+  // split(blocks[r], channels, channel).
+  static RingCuts uneven_blocks(const std::vector<size_t>& blocks,
+                                const std::vector<size_t>& offsets, int channels, int channel,
+                                int n, size_t elem, size_t segment_bytes, const int* ring) {
+    RingCuts c;
+    c.n_ = static_cast<size_t>(n);
+    c.elem_ = elem;
+    c.ring_ = ring;
+    c.uneven_ = &blocks;
+    c.offsets_ = &offsets;
+    c.channels_ = static_cast<size_t>(channels);
+    c.channel_ = static_cast<size_t>(channel);
+    size_t longest = 0;
+    for (int j = 0; j < n; ++j) longest = std::max(longest, c.chunk_range(j).count);
+    c.set_slices(longest, segment_bytes);
+    return c;
+  }
 
   size_t slices() const { return slices_; }
 
@@ -38,15 +60,23 @@ class RingCuts {
   }
 
  private:
+  RingCuts() = default;
   RingCuts(const Range& part, size_t block, int n, size_t elem, size_t segment_bytes)
       : part_(part), block_(block), n_(static_cast<size_t>(n)), elem_(elem) {
     // The first chunk is the longest (split gives the remainder to the first chunks).
-    const size_t longest = chunk_range(0).count;
-    const size_t per = segment_bytes / elem > 0 ? segment_bytes / elem : 1;
+    set_slices(chunk_range(0).count, segment_bytes);
+  }
+  void set_slices(size_t longest, size_t segment_bytes) {
+    const size_t per = segment_bytes / elem_ > 0 ? segment_bytes / elem_ : 1;
     slices_ = (longest + per - 1) / per;
   }
   Range chunk_range(int chunk) const {
     const auto j = static_cast<size_t>(chunk);
+    if (uneven_) {
+      const size_t b = ring_ ? static_cast<size_t>(ring_[chunk]) : j;
+      const Range p = split((*uneven_)[b], channels_, channel_);
+      return {(*offsets_)[b] + p.offset, p.count};
+    }
     if (block_ > 0) {
       const size_t b = ring_ ? static_cast<size_t>(ring_[chunk]) : j;
       return {b * block_ + part_.offset, part_.count};
@@ -56,12 +86,24 @@ class RingCuts {
   }
 
   Range part_;
-  size_t block_;  // 0: chunks are split from part_
-  size_t n_;
-  size_t elem_;
+  size_t block_ = 0;  // 0: chunks are split from part_
+  size_t n_ = 0;
+  size_t elem_ = 1;
   size_t slices_ = 0;
   const int* ring_ = nullptr;
+  // Uneven blocks (uneven_blocks()): sizes and element offsets by rank, and this channel.
+  const std::vector<size_t>* uneven_ = nullptr;
+  const std::vector<size_t>* offsets_ = nullptr;
+  size_t channels_ = 1;
+  size_t channel_ = 0;
 };
+
+// Element offsets of blocks laid out one after another.
+inline std::vector<size_t> offsets_of(const std::vector<size_t>& blocks) {
+  std::vector<size_t> off(blocks.size(), 0);
+  for (size_t i = 1; i < blocks.size(); ++i) off[i] = off[i - 1] + blocks[i - 1];
+  return off;
+}
 
 // Posts step(t, s) for every step t < steps and slice s < slices. Streamed: step by step, each
 // step over every slice before the next step; a rank's first sends then run ahead of everything

@@ -180,6 +180,41 @@ rr_result_t rr_alltoall(rr_comm_t* c, const void* send, void* recv, size_t count
   return RR_ON(c, c->comm->alltoall(send, recv, count, dt(dtype)));
 }
 
+rr_result_t rr_gather(rr_comm_t* c, const void* send, void* recv, size_t count, rr_dtype_t dtype,
+                      int root) {
+  RR_CHECK_COMM(c);
+  return RR_ON(c, c->comm->gather(send, recv, count, dt(dtype), root));
+}
+
+rr_result_t rr_scatter(rr_comm_t* c, const void* send, void* recv, size_t count, rr_dtype_t dtype,
+                       int root) {
+  RR_CHECK_COMM(c);
+  return RR_ON(c, c->comm->scatter(send, recv, count, dt(dtype), root));
+}
+
+// One count per rank (size() entries); a null array is an error, not a crash.
+#define RR_COUNTS(c, p) std::span<const size_t>(p, p ? static_cast<size_t>(c->comm->size()) : 0)
+
+rr_result_t rr_allgatherv(rr_comm_t* c, const void* send, void* recv, const size_t* counts,
+                          rr_dtype_t dtype) {
+  RR_CHECK_COMM(c);
+  return RR_ON(c, c->comm->allgatherv(send, recv, RR_COUNTS(c, counts), dt(dtype)));
+}
+
+rr_result_t rr_reduce_scatterv(rr_comm_t* c, const void* send, void* recv, const size_t* counts,
+                               rr_dtype_t dtype, rr_op_t op) {
+  RR_CHECK_COMM(c);
+  return RR_ON(c, c->comm->reduce_scatterv(send, recv, RR_COUNTS(c, counts), dt(dtype), op_of(op)));
+}
+
+rr_result_t rr_alltoallv(rr_comm_t* c, const void* send, const size_t* send_counts, void* recv,
+                         const size_t* recv_counts, rr_dtype_t dtype) {
+  RR_CHECK_COMM(c);
+  return RR_ON(c, c->comm->alltoallv(send, RR_COUNTS(c, send_counts), recv,
+                                     RR_COUNTS(c, recv_counts), dt(dtype)));
+}
+#undef RR_COUNTS
+
 rr_result_t rr_barrier(rr_comm_t* c) {
   RR_CHECK_COMM(c);
   return RR_ON(c, c->comm->barrier());

@@ -129,26 +129,76 @@ void CommImpl::validate(const OpState& op) const {
         std::to_string(size_ - 1) + ")");
   const size_t elem = dtype_size(a.dtype);
   if (a.count > (SIZE_MAX / elem) / static_cast<size_t>(size_)) bad("count is too large");
+  // Blocks of their own sizes: one per rank, and their total within reach.
+  const bool uneven = f->send_blocks == Blocks::own || f->send_blocks == Blocks::all_blocks;
+  if (uneven) {
+    auto check_counts = [&](const std::vector<size_t>& v, const char* name) {
+      if (v.size() != static_cast<size_t>(size_))
+        bad(std::string(name) + " has " + std::to_string(v.size()) +
+            " entries, not one per rank (" + std::to_string(size_) + ")");
+      size_t total = 0;
+      for (size_t c : v) {
+        if (c > SIZE_MAX / elem - total) bad(std::string(name) + " add up to too many elements");
+        total += c;
+      }
+    };
+    check_counts(a.counts, a.kind == Collective::alltoallv ? "send counts" : "counts");
+    if (a.kind == Collective::alltoallv) {
+      check_counts(a.recv_counts, "recv counts");
+      const auto me = static_cast<size_t>(rank_);
+      if (a.counts[me] != a.recv_counts[me])
+        bad("this rank sends itself " + std::to_string(a.counts[me]) + " elements but receives " +
+            std::to_string(a.recv_counts[me]) + " from itself");
+    }
+  }
   auto here = [&](Holder h) {
     return h == Holder::all || (h == Holder::root) == (rank_ == a.root);
   };
   const bool sends = f->send_blocks != Blocks::none && here(f->send_on);
   const bool recvs = f->recv_blocks != Blocks::none && here(f->recv_on);
-  if (a.count > 0) {
-    if (sends && a.send == nullptr) bad("send buffer is null");
-    if (recvs && a.recv == nullptr) bad("receive buffer is null");
-  }
-  if (size_ > 1 && a.count > 0 && sends && recvs && a.send == a.recv) {
+  auto elements = [&](Blocks b, bool recv_side) -> size_t {
+    switch (b) {
+      case Blocks::none:
+        return 0;
+      case Blocks::one:
+        return a.count;
+      case Blocks::per_rank:
+        return a.count * static_cast<size_t>(size_);
+      case Blocks::own:
+        return a.counts[static_cast<size_t>(rank_)];
+      case Blocks::all_blocks: {
+        size_t n = 0;
+        for (size_t c : recv_side&& a.kind == Collective::alltoallv ? a.recv_counts : a.counts)
+          n += c;
+        return n;
+      }
+    }
+    return 0;
+  };
+  if (sends && elements(f->send_blocks, false) > 0 && a.send == nullptr) bad("send buffer is null");
+  if (recvs && elements(f->recv_blocks, true) > 0 && a.recv == nullptr)
+    bad("receive buffer is null");
+  if (size_ > 1 && (a.count > 0 || uneven) && sends && recvs && a.send == a.recv) {
     if (f->in_place == InPlace::never)
       bad(std::string(f->name) + " cannot run in place (send and receive buffers are the same)");
     // In place means the one-block buffer is block `rank` of the per-rank one (NCCL's
     // convention); the same address would overwrite block 0 while it may still be on its way.
-    if (f->in_place == InPlace::offset && rank_ != 0) {
-      const bool send_is_whole = f->send_blocks == Blocks::per_rank;
+    // (Where the blocks before this rank's are all empty, its block starts at the same address.)
+    size_t before = static_cast<size_t>(rank_) * a.count;
+    if (uneven) {
+      before = 0;
+      for (int q = 0; q < rank_; ++q) before += a.counts[static_cast<size_t>(q)];
+    }
+    if (f->in_place == InPlace::offset && before != 0) {
+      const bool send_is_whole =
+          f->send_blocks == Blocks::per_rank || f->send_blocks == Blocks::all_blocks;
       const std::string whole = send_is_whole ? "send" : "recv",
                         part = send_is_whole ? "recv" : "send";
-      bad(std::string(f->name) + " in place needs " + part + " = " + whole + " + rank * " +
-          (send_is_whole ? "recv_count" : "send_count") + ", not " + part + " = " + whole);
+      const std::string offset = uneven          ? "the blocks before this rank's"
+                                 : send_is_whole ? "rank * recv_count"
+                                                 : "rank * send_count";
+      bad(std::string(f->name) + " in place needs " + part + " = " + whole + " + " + offset +
+          ", not " + part + " = " + whole);
     }
   }
 }
@@ -168,6 +218,19 @@ void CommImpl::prepare(OpState& op, const algorithms::Args& args, const CallOpti
   const algorithms::CollectiveFacts& f = algorithms::facts(args.kind);
   t.op = f.has_op ? static_cast<uint8_t>(args.op) : 0;
   t.root = f.has_root ? args.root : -1;
+  if (!args.counts.empty()) {
+    // Every rank passes the same blocks (allgatherv, reduce_scatterv): their digest rides in the
+    // tag, so that ranks that disagree fail with a MismatchError on the first message.
+    // alltoallv's counts are each rank's own: its tag carries none, and a block of another size
+    // is the receiver's MismatchError (the links compare sizes).
+    if (args.kind == Collective::alltoallv) {
+      t.count = 0;
+    } else {
+      uint64_t h = 0xcbf29ce484222325ull;
+      for (size_t c : args.counts) h = (h ^ c) * 0x100000001b3ull;
+      t.reserved2 = h;
+    }
+  }
   t.algo = op.plan.algorithm->id;
   t.segment_bytes = op.plan.segment_bytes;
   t.channels = static_cast<uint16_t>(op.plan.channels);

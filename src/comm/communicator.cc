@@ -105,6 +105,19 @@ Args make(Collective kind, const void* send, void* recv, size_t count, DataType 
   a.root = root;
   return a;
 }
+
+// Blocks of their own sizes: Args::counts (and recv_counts), count their total. alltoallv's counts
+// are each rank's own, so its count is 0: the tuner's plan (and the tag) must be the same on
+// every rank.
+Args make_v(Collective kind, const void* send, void* recv, std::span<const size_t> counts,
+            std::span<const size_t> recv_counts, DataType dtype, ReduceOp op) {
+  Args a = make(kind, send, recv, 0, dtype, op, 0);
+  a.counts.assign(counts.begin(), counts.end());
+  a.recv_counts.assign(recv_counts.begin(), recv_counts.end());
+  if (kind != Collective::alltoallv)
+    for (size_t c : counts) a.count += c;
+  return a;
+}
 }  // namespace
 
 #define RR_SUBMIT(args, call, async) detail::CommImpl::make_work(impl_->submit(args, call, async))
@@ -147,6 +160,35 @@ Work Communicator::barrier_async(const CallOptions& call) {
                    call, true);
 }
 
+Work Communicator::gather_async(const void* send, void* recv, size_t count, DataType dtype,
+                                int root, const CallOptions& call) {
+  return RR_SUBMIT(make(Collective::gather, send, recv, count, dtype, ReduceOp::sum, root), call,
+                   true);
+}
+Work Communicator::scatter_async(const void* send, void* recv, size_t count, DataType dtype,
+                                 int root, const CallOptions& call) {
+  return RR_SUBMIT(make(Collective::scatter, send, recv, count, dtype, ReduceOp::sum, root), call,
+                   true);
+}
+Work Communicator::allgatherv_async(const void* send, void* recv, std::span<const size_t> counts,
+                                    DataType dtype, const CallOptions& call) {
+  return RR_SUBMIT(make_v(Collective::allgatherv, send, recv, counts, {}, dtype, ReduceOp::sum),
+                   call, true);
+}
+Work Communicator::reduce_scatterv_async(const void* send, void* recv,
+                                         std::span<const size_t> counts, DataType dtype,
+                                         ReduceOp op, const CallOptions& call) {
+  return RR_SUBMIT(make_v(Collective::reduce_scatterv, send, recv, counts, {}, dtype, op), call,
+                   true);
+}
+Work Communicator::alltoallv_async(const void* send, std::span<const size_t> send_counts,
+                                   void* recv, std::span<const size_t> recv_counts, DataType dtype,
+                                   const CallOptions& call) {
+  return RR_SUBMIT(
+      make_v(Collective::alltoallv, send, recv, send_counts, recv_counts, dtype, ReduceOp::sum),
+      call, true);
+}
+
 // Blocking calls are submitted as such: their caller drives them, with no thread hand-off.
 void Communicator::allreduce(const void* send, void* recv, size_t count, DataType dtype,
                              ReduceOp op, const CallOptions& call) {
@@ -175,6 +217,29 @@ void Communicator::reduce(const void* send, void* recv, size_t count, DataType d
 void Communicator::alltoall(const void* send, void* recv, size_t count, DataType dtype,
                             const CallOptions& call) {
   impl_->call(make(Collective::alltoall, send, recv, count, dtype, ReduceOp::sum, 0), call);
+}
+void Communicator::gather(const void* send, void* recv, size_t count, DataType dtype, int root,
+                          const CallOptions& call) {
+  impl_->call(make(Collective::gather, send, recv, count, dtype, ReduceOp::sum, root), call);
+}
+void Communicator::scatter(const void* send, void* recv, size_t count, DataType dtype, int root,
+                           const CallOptions& call) {
+  impl_->call(make(Collective::scatter, send, recv, count, dtype, ReduceOp::sum, root), call);
+}
+void Communicator::allgatherv(const void* send, void* recv, std::span<const size_t> counts,
+                              DataType dtype, const CallOptions& call) {
+  impl_->call(make_v(Collective::allgatherv, send, recv, counts, {}, dtype, ReduceOp::sum), call);
+}
+void Communicator::reduce_scatterv(const void* send, void* recv, std::span<const size_t> counts,
+                                   DataType dtype, ReduceOp op, const CallOptions& call) {
+  impl_->call(make_v(Collective::reduce_scatterv, send, recv, counts, {}, dtype, op), call);
+}
+void Communicator::alltoallv(const void* send, std::span<const size_t> send_counts, void* recv,
+                             std::span<const size_t> recv_counts, DataType dtype,
+                             const CallOptions& call) {
+  impl_->call(
+      make_v(Collective::alltoallv, send, recv, send_counts, recv_counts, dtype, ReduceOp::sum),
+      call);
 }
 void Communicator::barrier(const CallOptions& call) {
   impl_->call(make(Collective::barrier, nullptr, nullptr, 0, DataType::u8, ReduceOp::sum, 0), call);

@@ -890,14 +890,15 @@ TEST(Comm, CApiReportsErrorsWithoutExceptions) {
       rr_work_t* s = nullptr;
       rc |= rr_send_async(comm, mine.data(), mine.size(), RR_I32, (r + 1) % 3, 5, &s);
       int source = -1;
-      rc |= rr_recv(comm, got.data(), got.size(), RR_I32, r == 0 ? RR_ANY_SOURCE : (r + 2) % 3,
-                    5, &source);
+      rc |= rr_recv(comm, got.data(), got.size(), RR_I32, r == 0 ? RR_ANY_SOURCE : (r + 2) % 3, 5,
+                    &source);
       EXPECT_EQ(source, (r + 2) % 3);
       EXPECT_EQ(got[9], (r + 2) % 3);
       rc |= rr_work_wait(s);
       EXPECT_EQ(rr_work_source(s), -1);  // a send has no source
       rr_work_free(s);
       EXPECT_EQ(rr_send(comm, mine.data(), 1, RR_I32, r, 0), RR_ERR_INVALID_ARGUMENT);
+      EXPECT_NE(std::string(rr_last_error(comm)).find("itself"), std::string::npos);
       // premul_sum with this rank's factor; bitwise on bool.
       std::vector<float> f(5, 2.0f);
       rc |= rr_allreduce_premul_sum(comm, f.data(), f.data(), f.size(), RR_F32, 0.5 * (r + 1));
@@ -906,7 +907,19 @@ TEST(Comm, CApiReportsErrorsWithoutExceptions) {
       rc |= rr_allreduce(comm, flags.data(), flags.data(), 2, RR_BOOL, RR_BXOR);
       EXPECT_EQ(flags[0], 1);
       EXPECT_EQ(flags[1], 1);  // three trues
-      EXPECT_NE(std::string(rr_last_error(comm)).find("itself"), std::string::npos);
+      // Uneven blocks; a null counts array is an error code.
+      const size_t counts[3] = {1, 0, 2};
+      std::vector<int32_t> all(3, -1), own(size_t(counts[r]), r);
+      rc |= rr_allgatherv(comm, own.data(), all.data(), counts, RR_I32);
+      EXPECT_EQ(all, (std::vector<int32_t>{0, 2, 2}));
+      EXPECT_EQ(rr_allgatherv(comm, own.data(), all.data(), nullptr, RR_I32),
+                RR_ERR_INVALID_ARGUMENT);
+      std::vector<int32_t> g(3, -1);
+      int32_t one = r * 10;
+      rc |= rr_gather(comm, &one, r == 2 ? g.data() : nullptr, 1, RR_I32, 2);
+      if (r == 2) {
+        EXPECT_EQ(g, (std::vector<int32_t>{0, 10, 20}));
+      }
       rc |= rr_barrier(comm);
       results[static_cast<size_t>(r)] = rc;
       rr_comm_destroy(comm);

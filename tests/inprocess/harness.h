@@ -12,6 +12,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <iostream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -76,8 +77,20 @@ inline void run_ranks(
     });
   }
   for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  // Every rank's error is shown (the first is rethrown): the one that started it may be any.
+  std::exception_ptr first;
+  for (size_t r = 0; r < errors.size(); ++r) {
+    if (!errors[r]) continue;
+    if (!first) first = errors[r];
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const std::exception& e) {
+      std::cerr << "[run_ranks] rank " << r << " failed: " << e.what() << "\n";
+    } catch (...) {
+      std::cerr << "[run_ranks] rank " << r << " failed\n";
+    }
+  }
+  if (first) std::rethrow_exception(first);
 }
 
 // ---- exact test data (shared with ringreduce-perf) -------------------------------------------

@@ -271,6 +271,7 @@ TEST_P(P2p, SizeMismatchNamesBothRanksAndTheTagOnEveryRank) {
       [&](Communicator& comm) {
         std::vector<int32_t> buf(1000, 1);
         try {
+          comm.barrier();  // every rank past start-up before the mismatch fails the communicator
           if (comm.rank() == 0) comm.send(buf.data(), 400, DataType::i32, 1, 21);
           if (comm.rank() == 1) comm.recv(buf.data(), 800, DataType::i32, 0, 21);
           comm.barrier();  // ranks 0 and 2 learn it here

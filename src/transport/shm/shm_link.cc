@@ -217,9 +217,11 @@ bool ShmLink::progress(bool stage) {
       if (!(m->tag == tag()))
         throw MismatchError("mismatched call: rank " + std::to_string(peer_) + " issued " +
                             owner_->describe(m->tag));
+      // Tags agree, sizes do not: the calls' per-rank counts differ (alltoallv's splits).
       if (m->message_bytes != op.bytes)
-        peer_failed("sent " + std::to_string(m->message_bytes) + " bytes where " +
-                    std::to_string(op.bytes) + " were expected");
+        throw MismatchError("mismatched counts: rank " + std::to_string(peer_) + " sent " +
+                            std::to_string(m->message_bytes) + " bytes where this rank expected " +
+                            std::to_string(op.bytes));
     } else if (m->first) {
       peer_failed("started a new message before finishing the last");
     }

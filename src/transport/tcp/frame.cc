@@ -17,8 +17,8 @@ std::string check_frame_header(const FrameHeader& h) {
 
 std::string check_data_frame(const FrameHeader& h, size_t expected_bytes) {
   if (h.payload_bytes != expected_bytes)
-    return "sent " + std::to_string(h.payload_bytes) + " bytes where " +
-           std::to_string(expected_bytes) + " were expected";
+    return "sent " + std::to_string(h.payload_bytes) + " bytes where this rank expected " +
+           std::to_string(expected_bytes);
   return "";
 }
 

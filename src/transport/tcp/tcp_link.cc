@@ -280,8 +280,9 @@ void TcpLink::drain_inbox() {
       if (!(in_header_.tag == tag()))
         throw MismatchError("mismatched call: rank " + std::to_string(peer_) + " issued " +
                             owner_->describe(in_header_.tag));
+      // Tags agree, sizes do not: the calls' per-rank counts differ (alltoallv's splits).
       if (const std::string bad = check_data_frame(in_header_, op.bytes); !bad.empty())
-        peer_failed(bad);
+        throw MismatchError("mismatched counts: rank " + std::to_string(peer_) + " " + bad);
       in_header_checked_ = true;
     }
     size_t want = op.bytes - op.done;

@@ -1,0 +1,176 @@
+#include "buffers.h"
+
+#include <cmath>
+#include <string>
+
+namespace ringreduce::python {
+
+[[noreturn]] void bad_argument(const rr::Communicator* comm, const char* call,
+                               const std::string& what) {
+  std::string prefix = comm ? "rank " + std::to_string(comm->rank()) + ": " : "";
+  throw rr::InvalidArgument(prefix + call + ": " + what);
+}
+
+namespace {
+
+// The DataType of a buffer protocol format: kind from the format character, width from itemsize
+// (the same letter means different widths on different platforms).
+std::optional<rr::DataType> dtype_of_format(const std::string& format, py::ssize_t itemsize) {
+  if (format.empty()) return std::nullopt;
+  char c = format.back();  // skips a byte-order prefix ('<', '=', '@')
+  if (format.size() > 1 && format.front() != '<' && format.front() != '=' && format.front() != '@')
+    return std::nullopt;  // big-endian ('>', '!') or a compound format
+  switch (c) {
+    case 'e':
+      return rr::DataType::f16;
+    case 'f':
+      return rr::DataType::f32;
+    case 'd':
+      return rr::DataType::f64;
+    case '?':
+      if (itemsize == 1) return rr::DataType::boolean;
+      return std::nullopt;
+    case 'b':
+    case 'h':
+    case 'i':
+    case 'l':
+    case 'q':
+      if (itemsize == 1) return rr::DataType::i8;
+      if (itemsize == 2) return rr::DataType::i16;
+      if (itemsize == 4) return rr::DataType::i32;
+      if (itemsize == 8) return rr::DataType::i64;
+      return std::nullopt;
+    case 'B':
+    case 'H':
+    case 'I':
+    case 'L':
+    case 'Q':
+      if (itemsize == 1) return rr::DataType::u8;
+      if (itemsize == 4) return rr::DataType::u32;
+      if (itemsize == 8) return rr::DataType::u64;
+      return std::nullopt;
+    default:
+      return std::nullopt;
+  }
+}
+
+}  // namespace
+
+Buffer to_buffer(const rr::Communicator* comm, const char* call, const char* role,
+                 const py::object& obj, const std::optional<std::string>& dtype, bool writable) {
+  Buffer b;
+  b.owner = obj;
+  std::optional<rr::DataType> t;
+  size_t itemsize = 0;
+  if (py::hasattr(obj, "data_ptr") && py::hasattr(obj, "numel") && py::hasattr(obj, "dtype")) {
+    // A torch tensor (duck-typed: this module does not depend on torch).
+    if (py::str(obj.attr("device").attr("type")).cast<std::string>() != "cpu")
+      bad_argument(comm, call,
+                   std::string(role) + " is a tensor on " +
+                       py::str(obj.attr("device")).cast<std::string>() +
+                       "; this module takes CPU tensors");
+    // A sparse tensor has no dense data_ptr; a lazily negated or conjugated view's memory holds
+    // the values before the negation.
+    for (const char* flag : {"is_sparse", "is_neg", "is_conj"}) {
+      if (!py::hasattr(obj, flag)) continue;
+      py::object v = obj.attr(flag);
+      if (PyCallable_Check(v.ptr())) v = v();
+      if (v.cast<bool>())
+        bad_argument(comm, call,
+                     std::string(role) + " is a tensor with " + flag +
+                         " set (call .to_dense() / .resolve_neg() / .resolve_conj())");
+    }
+    if (!obj.attr("is_contiguous")().cast<bool>())
+      bad_argument(comm, call, std::string(role) + " is not contiguous (call .contiguous())");
+    std::string name = py::str(obj.attr("dtype"));
+    if (name.rfind("torch.", 0) == 0) name = name.substr(6);
+    rr::DataType parsed;
+    if (rr::parse_dtype(name, &parsed)) t = parsed;
+    b.data = reinterpret_cast<void*>(obj.attr("data_ptr")().cast<uintptr_t>());
+    b.count = obj.attr("numel")().cast<size_t>();
+    itemsize = obj.attr("element_size")().cast<size_t>();
+    if (!t && !dtype)
+      bad_argument(comm, call,
+                   std::string(role) + " has dtype " + name + ", which ringreduce does not reduce");
+  } else if (PyObject_CheckBuffer(obj.ptr())) {
+    std::shared_ptr<py::buffer_info> info;
+    try {
+      info = std::make_shared<py::buffer_info>(
+          py::reinterpret_borrow<py::buffer>(obj).request(writable));
+    } catch (const py::error_already_set& e) {
+      // e.g. a read-only array as an output: say which call and which buffer.
+      bad_argument(comm, call,
+                   std::string(role) + (writable ? " must be writable: " : ": ") + e.what());
+    }
+    // C order: the strides are those of a packed array (a view with gaps would be misread).
+    py::ssize_t expect = info->itemsize;
+    for (py::ssize_t d = info->ndim - 1; d >= 0; --d) {
+      if (info->shape[d] > 1 && info->strides[d] != expect)
+        bad_argument(comm, call, std::string(role) + " is not C-contiguous");
+      expect *= info->shape[d];
+    }
+    t = dtype_of_format(info->format, info->itemsize);
+    if (!t && !dtype)
+      bad_argument(comm, call,
+                   std::string(role) + " has element format '" + info->format +
+                       "', which ringreduce does not know (pass dtype=)");
+    b.data = info->ptr;
+    b.count = static_cast<size_t>(info->size);
+    itemsize = static_cast<size_t>(info->itemsize);
+    b.view = std::move(info);
+  } else {
+    bad_argument(comm, call,
+                 std::string(role) +
+                     " must be a NumPy array, a CPU torch tensor or "
+                     "another object with the buffer protocol, not " +
+                     py::str(py::type::of(obj)).cast<std::string>());
+  }
+  if (dtype) {
+    rr::DataType over;
+    if (!rr::parse_dtype(*dtype, &over)) bad_argument(comm, call, "unknown dtype '" + *dtype + "'");
+    if (rr::dtype_size(over) != itemsize)
+      bad_argument(comm, call,
+                   "dtype " + *dtype + " has " + std::to_string(rr::dtype_size(over)) +
+                       "-byte elements but " + role + "'s are " + std::to_string(itemsize) +
+                       " bytes");
+    t = over;
+  }
+  b.dtype = *t;
+  return b;
+}
+
+rr::ReduceOp to_op(const rr::Communicator* comm, const char* call, const py::object& op) {
+  if (py::isinstance<py::str>(op)) {
+    rr::ReduceOp out;
+    const std::string name = op.cast<std::string>();
+    if (!rr::parse_op(name, &out))
+      bad_argument(comm, call,
+                   "unknown reduce op '" + name +
+                       "' (sum, prod, min, max, avg, band, bor, bxor, premul_sum)");
+    return out;
+  }
+  if (!py::isinstance<rr::ReduceOp>(op))
+    bad_argument(comm, call,
+                 "op must be a ReduceOp or one of 'sum', 'prod', 'min', 'max', 'avg', 'band', "
+                 "'bor', 'bxor', 'premul_sum'");
+  return op.cast<rr::ReduceOp>();
+}
+
+std::chrono::milliseconds to_ms(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0 || seconds > 1e9)
+    throw rr::InvalidArgument("timeout must be a finite number of seconds >= 0, not " +
+                              std::to_string(seconds));
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
+}
+
+rr::CallOptions call_options(std::optional<double> timeout_s, double premul_factor) {
+  rr::CallOptions c;
+  if (timeout_s) c.timeout = to_ms(*timeout_s);
+  if (!std::isfinite(premul_factor))
+    throw rr::InvalidArgument("premul_factor must be a finite number, not " +
+                              std::to_string(premul_factor));
+  c.premul_factor = premul_factor;
+  return c;
+}
+
+}  // namespace ringreduce::python
