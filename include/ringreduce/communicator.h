@@ -76,6 +76,8 @@ class Communicator {
  public:
   // recv()'s peer for a receive from whichever rank sends a message with its tag first.
   static constexpr int kAnySource = -1;
+  // split()'s color for a rank that joins no new communicator.
+  static constexpr int kNoColor = -1;
 
   // Rank, world size and store address from the environment: RINGREDUCE_*, then torchrun's,
   // OpenMPI's, Slurm's and PMI's variables (README). Options override the environment.
@@ -85,8 +87,17 @@ class Communicator {
   Communicator(Communicator&&) noexcept;
   Communicator& operator=(Communicator&&) noexcept;
 
+  // False for an empty communicator (moved from, or split() with kNoColor): every call on it is
+  // an InvalidArgument.
+  bool valid() const { return impl_ != nullptr; }
   int rank() const;
   int size() const;
+  // Collective: every rank calls it (in the same order as its other collectives). Ranks passing
+  // the same color form a new communicator, ranked by key (ties: by rank here), through this
+  // one's store (MPI_Comm_split, ncclCommSplit); a rank passing kNoColor gets an empty one. The
+  // new communicator is independent: its ops, deadlines and failures are its own, and it may
+  // outlive this one.
+  Communicator split(int color, int key);
   // The link and reduction costs the tuner chooses algorithms by (measured at start-up, or from
   // RINGREDUCE_TUNING_FILE), in that file's format: what `ringreduce-perf --calibrate` writes.
   std::string tuning() const;
@@ -233,6 +244,8 @@ class Communicator {
  private:
   explicit Communicator(std::unique_ptr<detail::CommImpl> impl);
   void check_same_size(size_t a, size_t b, const char* call) const;
+  // The implementation; InvalidArgument for an empty communicator.
+  detail::CommImpl& impl() const;
   std::unique_ptr<detail::CommImpl> impl_;
 };
 

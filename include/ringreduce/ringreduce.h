@@ -66,6 +66,11 @@ int rr_comm_rank(const rr_comm_t* comm);
 int rr_comm_size(const rr_comm_t* comm);
 /* Fails every pending and later op with reason; callable from any thread. */
 rr_result_t rr_comm_abort(rr_comm_t* comm, const char* reason);
+/* Collective (MPI_Comm_split): ranks passing one color form a new communicator, ranked by key
+ * (ties by rank); *out is NULL for color RR_NO_COLOR. The new communicator is destroyed with
+ * rr_comm_destroy, independently of this one. */
+#define RR_NO_COLOR (-1)
+rr_result_t rr_comm_split(rr_comm_t* comm, int color, int key, rr_comm_t** out);
 
 /* Blocking collectives; counts are elements (see the C++ header for each collective's layout). */
 rr_result_t rr_allreduce(rr_comm_t* comm, const void* send, void* recv, size_t count,

@@ -16,6 +16,7 @@ InvalidArgument), with the C++ library's messages: they name the rank, the call 
 
 from ._ringreduce import (  # noqa: F401
     ANY_SOURCE,
+    NO_COLOR,
     Communicator,
     Error,
     ErrorCode,
@@ -29,6 +30,7 @@ from ._ringreduce import (  # noqa: F401
 
 __all__ = [
     "ANY_SOURCE",
+    "NO_COLOR",
     "Communicator",
     "Error",
     "ErrorCode",

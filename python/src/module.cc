@@ -112,6 +112,22 @@ PYBIND11_MODULE(_ringreduce, m) {
       .def(
           "abort", [](PyComm& c, const std::string& reason) { c.comm()->abort(reason); },
           py::arg("reason"), "Fails every pending and later op with `reason`.")
+      .def(
+          "split",
+          [](PyComm& c, int color, std::optional<int> key) -> py::object {
+            const auto comm = c.comm();
+            std::shared_ptr<rr::Communicator> child;
+            {
+              py::gil_scoped_release nogil;  // a collective, then the new group's rendezvous
+              child = std::make_shared<rr::Communicator>(
+                  comm->split(color, key.value_or(comm->rank())));
+            }
+            if (!child->valid()) return py::none();
+            return py::cast(std::make_unique<PyComm>(std::move(child)));
+          },
+          py::arg("color"), py::arg("key") = py::none(),
+          "split(color, key=rank): collective; the ranks passing one color form a new "
+          "Communicator, ranked by key (ties: by rank). color -1 (NO_COLOR): returns None.")
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](PyComm& c, py::args) { c.close(); });
 
@@ -210,6 +226,7 @@ PYBIND11_MODULE(_ringreduce, m) {
         "recv_counts[j] from rank j, blocks one after another.");
   }
   m.attr("ANY_SOURCE") = rr::Communicator::kAnySource;
+  m.attr("NO_COLOR") = rr::Communicator::kNoColor;
   const char* send_doc =
       "send(buf, dst, tag=0): a message to rank dst, taken there by a recv with this rank (or "
       "any source) and this tag, of the same size. Messages with one tag arrive in the order "

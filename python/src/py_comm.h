@@ -84,6 +84,9 @@ class PyComm {
     comm_ = std::make_shared<rr::Communicator>(o);
   }
 
+  // One of split()'s.
+  explicit PyComm(std::shared_ptr<rr::Communicator> c) : comm_(std::move(c)) {}
+
   // A reference for one call (taken with the GIL held): a close() from another thread while the
   // call runs without the GIL then only drops close()'s reference, and the communicator ends
   // when the last call or unfinished Work using it does.

@@ -136,6 +136,19 @@ rr_result_t rr_comm_abort(rr_comm_t* c, const char* reason) {
   return RR_ON(c, c->comm->abort(reason ? reason : "rr_comm_abort"));
 }
 
+rr_result_t rr_comm_split(rr_comm_t* c, int color, int key, rr_comm_t** out) {
+  RR_CHECK_COMM(c);
+  if (out == nullptr) return RR_ERR_INVALID_ARGUMENT;
+  *out = nullptr;
+  return RR_ON(c, {
+    ringreduce::Communicator child = c->comm->split(color, key);
+    if (!child.valid()) return;
+    auto w = std::make_unique<rr_comm>();
+    w->comm = std::make_unique<ringreduce::Communicator>(std::move(child));
+    *out = w.release();
+  });
+}
+
 rr_result_t rr_allreduce(rr_comm_t* c, const void* send, void* recv, size_t count, rr_dtype_t dtype,
                          rr_op_t op) {
   RR_CHECK_COMM(c);

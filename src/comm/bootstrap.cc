@@ -22,7 +22,7 @@ std::vector<uint8_t> to_bytes(const std::string& s) {
 
 }  // namespace
 
-void CommImpl::init(const Options& options) {
+void CommImpl::init(const Options& options, const SplitFrom* from) {
   if (auto it = options.settings.find("RINGREDUCE_DEBUG"); it != options.settings.end()) {
     core::LogLevel level;
     if (core::parse_log_level(it->second, &level)) core::set_log_level(level);
@@ -37,7 +37,19 @@ void CommImpl::init(const Options& options) {
   const std::string token = config_.str("RINGREDUCE_TOKEN");
   // Where the stall monitor gets its own store client (TCP launches), or the store to share.
   std::function<std::shared_ptr<Store>()> stall_store;
-  if (options.store) {
+  if (from) {
+    // A split: rank and size from the parent's groups, its store (under a prefix of this split's
+    // own), its data interface, its job's ranks on this host, its store server.
+    rank_ = *options.rank;
+    size_ = *options.world_size;
+    store_ = std::make_shared<PrefixStore>(from->store, options.store_prefix);
+    stall_store = [parent = from->stall_store, prefix = options.store_prefix] {
+      return std::make_shared<PrefixStore>(parent(), prefix);
+    };
+    store_host = from->store_host;
+    local_size = from->local_size;
+    store_server_ = from->server;
+  } else if (options.store) {
     // In-process: rank and size must be given; no launcher, no TCP store.
     if (!options.rank || !options.world_size)
       throw InvalidArgument("Options with a store need rank and world_size");
@@ -65,7 +77,7 @@ void CommImpl::init(const Options& options) {
       // Rank 0 hosts the store on the address it was given, so it is reachable where the others
       // will look for it.
       store_server_ =
-          std::make_unique<rendezvous::TcpStoreServer>(launch.store_host, launch.store_port, token);
+          std::make_shared<rendezvous::TcpStoreServer>(launch.store_host, launch.store_port, token);
     }
     auto tcp = rendezvous::connect_tcp_store(launch.store_host, launch.store_port, timeout_, token);
     store_ = std::make_shared<PrefixStore>(tcp, options.store_prefix);
@@ -80,6 +92,8 @@ void CommImpl::init(const Options& options) {
     RR_LOG(info, rank_, "launched by ", launch.launcher, " as rank ", rank_, " of ", size_,
            "; store at ", launch.store_host, ":", launch.store_port);
   }
+  stall_store_ = stall_store;
+  store_host_ = store_host;
   if (rank_ == 0)
     RR_LOG(info, rank_,
            config_.has("RINGREDUCE_TOKEN")
@@ -121,6 +135,7 @@ void CommImpl::init(const Options& options) {
   for (int q = 0; q < size_; ++q)
     same_host += hosts[static_cast<size_t>(q)] == hosts[static_cast<size_t>(rank_)] ? 1 : 0;
   if (local_size < 0) local_size = same_host;
+  local_size_ = local_size;
   ring_order(hosts);
   // More ranks than cores on this host: polling steals the core from the rank that would
   // produce the data, so poll briefly and yield while doing it.

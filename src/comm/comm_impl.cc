@@ -30,9 +30,10 @@ std::map<std::string, std::string> overrides_from(const Options& o) {
 
 }  // namespace
 
-CommImpl::CommImpl(const Options& options) : config_(overrides_from(options)) {
+CommImpl::CommImpl(const Options& options, const SplitFrom* from)
+    : overrides_(overrides_from(options)), config_(overrides_) {
   try {
-    init(options);
+    init(options, from);
   } catch (const Error& e) {
     // A peer lost during the start-up probes may have left because the job failed elsewhere (the
     // other ranks may already be in their first op, and fail it): that cause is the error.

@@ -71,9 +71,21 @@ struct P2pArgs {
   uint64_t tag = 0;
 };
 
+// What a communicator made by split() takes from its parent: the parent's store (no new
+// rendezvous server), how to reach it for stall reports, the data interface's host, the job's
+// ranks on this host (its cores are shared with the other groups), and the store server, which
+// must live as long as any communicator using it.
+struct SplitFrom {
+  std::shared_ptr<Store> store;
+  std::function<std::shared_ptr<Store>()> stall_store;
+  std::string store_host;
+  int local_size = -1;
+  std::shared_ptr<rendezvous::TcpStoreServer> server;
+};
+
 class CommImpl {
  public:
-  explicit CommImpl(const Options& options);
+  explicit CommImpl(const Options& options, const SplitFrom* from = nullptr);
   ~CommImpl();
 
   int rank() const { return rank_; }
@@ -91,6 +103,10 @@ class CommImpl {
   // Waits for op; with a timeout, returns false if it has not finished by then.
   bool wait(OpState& op, std::optional<std::chrono::milliseconds> timeout);
   void abort(const std::string& reason);
+  // MPI_Comm_split / ncclCommSplit, collective over this communicator: the ranks that pass one
+  // color form a new communicator, ordered by key (then by rank), through this one's store. Null
+  // for color < 0 (Communicator::kNoColor).
+  std::unique_ptr<CommImpl> split(int color, int key);
   // The tuner's link and reduction costs, in RINGREDUCE_TUNING_FILE's format.
   std::string tuning() const;
 
@@ -99,7 +115,7 @@ class CommImpl {
  private:
   // Fills in plan and tag (all but the sequence number).
   // Everything the constructor does; its errors get the rank's prefix there.
-  void init(const Options& options);
+  void init(const Options& options, const SplitFrom* from);
   void prepare(OpState& op, const algorithms::Args& args, const CallOptions& call, bool async);
   // Gives op the next sequence number (mu_ held); on a bad argument throws InvalidArgument and
   // gives the number back, so that the call is not issued at all.
@@ -144,13 +160,18 @@ class CommImpl {
   // The costs RINGREDUCE_TUNING_FILE gives for this communicator's link kind and size, if any.
   std::optional<tuner::Costs> tuning_file_costs(const std::string& kind) const;
 
+  std::map<std::string, std::string> overrides_;  // the Options as settings (config_'s source)
   core::Config config_;
   int rank_ = 0;
   int size_ = 1;
   std::string cost_kind_;  // the link kind the tuner's costs describe ("net" across hosts)
   std::chrono::milliseconds timeout_{300000};
-  std::unique_ptr<rendezvous::TcpStoreServer> store_server_;
+  std::shared_ptr<rendezvous::TcpStoreServer> store_server_;  // rank 0's, shared with splits
   std::shared_ptr<Store> store_;
+  std::function<std::shared_ptr<Store>()> stall_store_;  // a client for the stall monitor
+  std::string store_host_;
+  int local_size_ = -1;
+  uint64_t splits_ = 0;  // split() calls so far: the same on every rank
   std::unique_ptr<transport::Engine> transport_;
   std::unique_ptr<tuner::Tuner> tuner_;
   std::unique_ptr<char[]> scratch_;

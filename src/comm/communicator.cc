@@ -72,17 +72,28 @@ Communicator::~Communicator() = default;
 Communicator::Communicator(Communicator&&) noexcept = default;
 Communicator& Communicator::operator=(Communicator&&) noexcept = default;
 
+detail::CommImpl& Communicator::impl() const {
+  if (!impl_)
+    throw InvalidArgument(
+        "an empty communicator (moved from, or a split() with kNoColor) has no ops");
+  return *impl_;
+}
+
+Communicator Communicator::split(int color, int key) {
+  return Communicator(impl().split(color, key));
+}
+
 int Communicator::rank() const {
-  return impl_->rank();
+  return impl().rank();
 }
 int Communicator::size() const {
-  return impl_->size();
+  return impl().size();
 }
 std::string Communicator::tuning() const {
-  return impl_->tuning();
+  return impl().tuning();
 }
 void Communicator::abort(const std::string& reason) {
-  impl_->abort(reason);
+  impl().abort(reason);
 }
 
 void Communicator::check_same_size(size_t a, size_t b, const char* call) const {
@@ -120,7 +131,7 @@ Args make_v(Collective kind, const void* send, void* recv, std::span<const size_
 }
 }  // namespace
 
-#define RR_SUBMIT(args, call, async) detail::CommImpl::make_work(impl_->submit(args, call, async))
+#define RR_SUBMIT(args, call, async) detail::CommImpl::make_work(impl().submit(args, call, async))
 
 Work Communicator::allreduce_async(const void* send, void* recv, size_t count, DataType dtype,
                                    ReduceOp op, const CallOptions& call) {
@@ -192,57 +203,57 @@ Work Communicator::alltoallv_async(const void* send, std::span<const size_t> sen
 // Blocking calls are submitted as such: their caller drives them, with no thread hand-off.
 void Communicator::allreduce(const void* send, void* recv, size_t count, DataType dtype,
                              ReduceOp op, const CallOptions& call) {
-  impl_->call(make(Collective::allreduce, send, recv, count, dtype, op, 0), call);
+  impl().call(make(Collective::allreduce, send, recv, count, dtype, op, 0), call);
 }
 void Communicator::reduce_scatter(const void* send, void* recv, size_t recv_count, DataType dtype,
                                   ReduceOp op, const CallOptions& call) {
-  impl_->call(make(Collective::reduce_scatter, send, recv, recv_count, dtype, op, 0), call);
+  impl().call(make(Collective::reduce_scatter, send, recv, recv_count, dtype, op, 0), call);
 }
 void Communicator::allgather(const void* send, void* recv, size_t send_count, DataType dtype,
                              const CallOptions& call) {
-  impl_->call(make(Collective::allgather, send, recv, send_count, dtype, ReduceOp::sum, 0), call);
+  impl().call(make(Collective::allgather, send, recv, send_count, dtype, ReduceOp::sum, 0), call);
 }
 void Communicator::broadcast(void* buffer, size_t count, DataType dtype, int root,
                              const CallOptions& call) {
-  impl_->call(make(Collective::broadcast, buffer, buffer, count, dtype, ReduceOp::sum, root), call);
+  impl().call(make(Collective::broadcast, buffer, buffer, count, dtype, ReduceOp::sum, root), call);
 }
 void Communicator::broadcast(const void* send, void* recv, size_t count, DataType dtype, int root,
                              const CallOptions& call) {
-  impl_->call(make(Collective::broadcast, send, recv, count, dtype, ReduceOp::sum, root), call);
+  impl().call(make(Collective::broadcast, send, recv, count, dtype, ReduceOp::sum, root), call);
 }
 void Communicator::reduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
                           int root, const CallOptions& call) {
-  impl_->call(make(Collective::reduce, send, recv, count, dtype, op, root), call);
+  impl().call(make(Collective::reduce, send, recv, count, dtype, op, root), call);
 }
 void Communicator::alltoall(const void* send, void* recv, size_t count, DataType dtype,
                             const CallOptions& call) {
-  impl_->call(make(Collective::alltoall, send, recv, count, dtype, ReduceOp::sum, 0), call);
+  impl().call(make(Collective::alltoall, send, recv, count, dtype, ReduceOp::sum, 0), call);
 }
 void Communicator::gather(const void* send, void* recv, size_t count, DataType dtype, int root,
                           const CallOptions& call) {
-  impl_->call(make(Collective::gather, send, recv, count, dtype, ReduceOp::sum, root), call);
+  impl().call(make(Collective::gather, send, recv, count, dtype, ReduceOp::sum, root), call);
 }
 void Communicator::scatter(const void* send, void* recv, size_t count, DataType dtype, int root,
                            const CallOptions& call) {
-  impl_->call(make(Collective::scatter, send, recv, count, dtype, ReduceOp::sum, root), call);
+  impl().call(make(Collective::scatter, send, recv, count, dtype, ReduceOp::sum, root), call);
 }
 void Communicator::allgatherv(const void* send, void* recv, std::span<const size_t> counts,
                               DataType dtype, const CallOptions& call) {
-  impl_->call(make_v(Collective::allgatherv, send, recv, counts, {}, dtype, ReduceOp::sum), call);
+  impl().call(make_v(Collective::allgatherv, send, recv, counts, {}, dtype, ReduceOp::sum), call);
 }
 void Communicator::reduce_scatterv(const void* send, void* recv, std::span<const size_t> counts,
                                    DataType dtype, ReduceOp op, const CallOptions& call) {
-  impl_->call(make_v(Collective::reduce_scatterv, send, recv, counts, {}, dtype, op), call);
+  impl().call(make_v(Collective::reduce_scatterv, send, recv, counts, {}, dtype, op), call);
 }
 void Communicator::alltoallv(const void* send, std::span<const size_t> send_counts, void* recv,
                              std::span<const size_t> recv_counts, DataType dtype,
                              const CallOptions& call) {
-  impl_->call(
+  impl().call(
       make_v(Collective::alltoallv, send, recv, send_counts, recv_counts, dtype, ReduceOp::sum),
       call);
 }
 void Communicator::barrier(const CallOptions& call) {
-  impl_->call(make(Collective::barrier, nullptr, nullptr, 0, DataType::u8, ReduceOp::sum, 0), call);
+  impl().call(make(Collective::barrier, nullptr, nullptr, 0, DataType::u8, ReduceOp::sum, 0), call);
 }
 
 #undef RR_SUBMIT
@@ -264,23 +275,23 @@ detail::P2pArgs p2p(bool send, const void* buf, size_t count, DataType dtype, in
 Work Communicator::send_async(const void* buf, size_t count, DataType dtype, int peer, uint64_t tag,
                               const CallOptions& call) {
   return detail::CommImpl::make_work(
-      impl_->submit_p2p(p2p(true, buf, count, dtype, peer, tag), call, true));
+      impl().submit_p2p(p2p(true, buf, count, dtype, peer, tag), call, true));
 }
 Work Communicator::recv_async(void* buf, size_t count, DataType dtype, int peer, uint64_t tag,
                               const CallOptions& call) {
   return detail::CommImpl::make_work(
-      impl_->submit_p2p(p2p(false, buf, count, dtype, peer, tag), call, true));
+      impl().submit_p2p(p2p(false, buf, count, dtype, peer, tag), call, true));
 }
 // Blocking: the caller drives them itself (no thread hand-off) unless someone else is driving.
 void Communicator::send(const void* buf, size_t count, DataType dtype, int peer, uint64_t tag,
                         const CallOptions& call) {
-  auto op = impl_->submit_p2p(p2p(true, buf, count, dtype, peer, tag), call, false);
-  impl_->wait(*op, std::nullopt);
+  auto op = impl().submit_p2p(p2p(true, buf, count, dtype, peer, tag), call, false);
+  impl().wait(*op, std::nullopt);
 }
 int Communicator::recv(void* buf, size_t count, DataType dtype, int peer, uint64_t tag,
                        const CallOptions& call) {
-  auto op = impl_->submit_p2p(p2p(false, buf, count, dtype, peer, tag), call, false);
-  impl_->wait(*op, std::nullopt);
+  auto op = impl().submit_p2p(p2p(false, buf, count, dtype, peer, tag), call, false);
+  impl().wait(*op, std::nullopt);
   return op->p2p.source;
 }
 

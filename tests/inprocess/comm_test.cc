@@ -920,9 +920,26 @@ TEST(Comm, CApiReportsErrorsWithoutExceptions) {
       if (r == 2) {
         EXPECT_EQ(g, (std::vector<int32_t>{0, 10, 20}));
       }
+      // A split through the job's TCP store: ranks 0 and 2 together, rank 1 alone; the group
+      // outlives its parent.
+      rr_comm_t* group = nullptr;
+      rc |= rr_comm_split(comm, r % 2, r, &group);
       rc |= rr_barrier(comm);
       results[static_cast<size_t>(r)] = rc;
       rr_comm_destroy(comm);
+      if (group == nullptr) {
+        ADD_FAILURE() << "rank " << r << ": no group";
+        return;
+      }
+      EXPECT_EQ(rr_comm_size(group), r % 2 == 0 ? 2 : 1);
+      EXPECT_EQ(rr_comm_rank(group), r / 2);
+      int32_t v = r;
+      EXPECT_EQ(rr_allreduce(group, &v, &v, 1, RR_I32, RR_SUM), RR_OK) << rr_last_error(group);
+      EXPECT_EQ(v, r % 2 == 0 ? 2 : 1);
+      rr_comm_t* none = nullptr;
+      EXPECT_EQ(rr_comm_split(group, RR_NO_COLOR, 0, &none), RR_OK);
+      EXPECT_EQ(none, nullptr);
+      rr_comm_destroy(group);
     });
   }
   for (auto& t : threads) t.join();

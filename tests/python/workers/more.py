@@ -85,6 +85,15 @@ try:
 except ringreduce.InvalidArgument as e:
     check("premul_sum" in str(e), "premul_factor without premul_sum: " + str(e))
 
+# split: even and odd ranks, each group in rank order; NO_COLOR gives None.
+g = comm.split(R % 2)
+check(g.size == (N + 1 - R % 2) // 2 and g.rank == R // 2, f"split: rank {g.rank} of {g.size}")
+v = np.array([R], np.int64)
+g.allreduce(v)
+check(v[0] == sum(q for q in range(N) if q % 2 == R % 2), "allreduce in the group")
+check(comm.split(ringreduce.NO_COLOR if R else 0) is None or R == 0, "NO_COLOR gives None")
+g.close()
+
 comm.barrier()
 print("OK", checks, flush=True)
 sys.exit(1 if failures else 0)
