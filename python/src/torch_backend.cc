@@ -1,16 +1,21 @@
-// ringreduce._torch_backend: the torch.distributed backend "ringreduce" (torch 1.13's
-// c10d::ProcessGroup API). A thin adapter: it checks and maps tensors to buffers and calls the
-// C++ Communicator's async collectives; every algorithm, the rendezvous and the error handling are
-// ringreduce's. torch 2.x moves these methods to c10d::Backend with the same signatures, so a 2.x
-// adapter is this class with another base.
+// ringreduce._torch_backend: the torch.distributed backend "ringreduce". One class for torch 1.13
+// (a c10d::ProcessGroup) and torch 2.x (a c10d::Backend, registered for CPU tensors so that torch
+// routes every call to it, point to point included): the methods are the same, the base class and
+// a few 2.x-only calls are chosen by torch's version. A thin adapter: it maps tensors to buffers
+// (torch_tensors.h) and calls the C++ Communicator; every algorithm, the rendezvous and the error
+// handling are ringreduce's.
 //
-// Works complete asynchronously: ringreduce's progress thread runs the op, and Work::then
-// completes the torch Work and its Future (what DDP chains its bucket continuations on). A
-// caller that waits drives the op itself if nobody else is (ringreduce's Work::wait).
+// Works complete asynchronously: ringreduce's progress thread runs the ops, and Work::then
+// completes the torch Work and its Future (what DDP chains its bucket continuations on). A caller
+// that waits drives the op itself if nobody else is (ringreduce's Work::wait).
 #include <pybind11/chrono.h>
 #include <torch/csrc/utils/pybind.h>
+#include <torch/version.h>
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#else
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#include <torch/csrc/distributed/c10d/Store.hpp>
+#endif
 
 #include <chrono>
 #include <functional>
@@ -19,136 +24,31 @@
 #include <vector>
 
 #include "ringreduce/ringreduce.hpp"
+#include "torch_tensors.h"
+#include "torch_work.h"
 
 namespace py = pybind11;
-namespace rr = ringreduce;
 
+namespace ringreduce::torch_backend {
 namespace {
 
-// torch's store (the prefix store init_process_group made for this group) as a ringreduce Store:
-// the communicator's rendezvous and stall reports go through it.
-class TorchStore : public rr::Store {
- public:
-  explicit TorchStore(c10::intrusive_ptr<c10d::Store> s) : s_(std::move(s)) {}
-  void set(const std::string& key, const std::vector<uint8_t>& value) override {
-    s_->set(key, value);
-  }
-  std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override {
-    wait({key}, timeout);
-    return s_->get(key);
-  }
-  int64_t add(const std::string& key, int64_t delta) override { return s_->add(key, delta); }
-  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
-    try {
-      s_->wait(keys, timeout);
-    } catch (const std::exception& e) {
-      std::string names;
-      for (const auto& k : keys) names += (names.empty() ? "" : ", ") + k;
-      throw rr::TimeoutError("torch store: waiting for " + names + ": " + e.what());
-    }
-  }
-  bool check(const std::vector<std::string>& keys) override { return s_->check(keys); }
+#if TORCH_VERSION_MAJOR >= 2
+using Base = c10d::Backend;
+#else
+using Base = c10d::ProcessGroup;
+#endif
 
- private:
-  c10::intrusive_ptr<c10d::Store> s_;
-};
+// A tag of ringreduce's own for monitoredBarrier (torch's tags are ints: no user tag maps here).
+constexpr uint64_t kMonitoredBarrierTag = 0x5252'4d42'0000'0001ull;
 
-// Set while this thread completes a Work (runs its Future's callbacks). Such a callback may issue
-// the next collective (PowerSGD's hook does); it runs in the thread that finished the op, which may
-// be ringreduce's progress thread still driving the queue, where a blocking call would wait for
-// itself. So collectives issued from there always go async.
-thread_local bool t_completing = false;
-
-// A torch Work over a ringreduce Work. `after` runs once the op has succeeded, before the Work
-// and Future complete (copying results out of a staging buffer).
-class WorkRR : public c10d::Work {
- public:
-  WorkRR(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, std::function<void()> after)
-      : Work(rank, type),
-        outputs_(std::move(outputs)),
-        after_(std::move(after)),
-        future_(c10::make_intrusive<c10::ivalue::Future>(
-            c10::ListType::create(c10::TensorType::get()))) {}
-
-  // Starts watching op; `keep` holds tensors (staging buffers) the op uses until it completes.
-  static c10::intrusive_ptr<c10d::Work> launch(c10::intrusive_ptr<WorkRR> self, rr::Work op,
-                                               std::vector<at::Tensor> keep) {
-    self->op_ = op;
-    self->keep_ = std::move(keep);
-    op.then([self](std::exception_ptr e) { self->complete(e); });
-    return self;
-  }
-  // A Work for an op that already ran in the calling thread (error: how it ended).
-  static c10::intrusive_ptr<c10d::Work> done(c10::intrusive_ptr<WorkRR> self,
-                                             std::exception_ptr error) {
-    self->complete(error);
-    return self;
-  }
-
-  bool wait(std::chrono::milliseconds timeout) override {
-    // In a Future callback this thread may be the one that has to run the op: waiting would hang.
-    TORCH_CHECK(!t_completing || isCompleted(), "ringreduce: rank ", rank_, ": ",
-                c10d::opTypeToString(opType_),
-                ": wait() inside a Future callback would wait for itself; chain with then()");
-    // Drive the op in this thread if nobody else is (saves waking the progress thread); its
-    // error, if any, arrives through complete().
-    try {
-      if (!op_.valid()) {
-      } else if (timeout == kNoTimeout) {
-        op_.wait();
-      } else {
-        op_.wait(timeout);
-      }
-    } catch (...) {
-    }
-    std::unique_lock<std::mutex> lk(mutex_);
-    if (timeout == kNoTimeout) {
-      cv_.wait(lk, [&] { return completed_; });
-    } else if (!cv_.wait_for(lk, timeout, [&] { return completed_; })) {
-      TORCH_CHECK(false, "ringreduce: rank ", rank_, ": ", c10d::opTypeToString(opType_),
-                  ": wait timed out after ", timeout.count(), " ms");
-    }
-    if (exception_) std::rethrow_exception(exception_);
-    return true;
-  }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
-  std::vector<at::Tensor> result() override { return outputs_; }
-
- private:
-  void complete(std::exception_ptr e) {
-    if (!e && after_) {
-      try {
-        after_();
-      } catch (...) {
-        e = std::current_exception();
-      }
-    }
-    keep_.clear();
-    finish(e);
-    const bool outer = t_completing;
-    t_completing = true;
-    if (e)
-      future_->setError(e);
-    else
-      future_->markCompleted(c10::IValue(outputs_));
-    t_completing = outer;
-  }
-
-  rr::Work op_;
-  std::vector<at::Tensor> outputs_;
-  std::vector<at::Tensor> keep_;
-  std::function<void()> after_;
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
-};
-
-class ProcessGroupRingreduce : public c10d::ProcessGroup {
+class RingreduceGroup : public Base {
  public:
   // Allreduces up to this size run in the calling thread (see allreduce).
   static constexpr size_t kInlineBytes = 64 * 1024;
 
-  ProcessGroupRingreduce(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                         std::chrono::milliseconds timeout)
-      : ProcessGroup(rank, size) {
+  RingreduceGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                  std::chrono::milliseconds timeout)
+      : Base(rank, size), timeout_(timeout) {
     rr::Options o;
     o.rank = rank;
     o.world_size = size;
@@ -157,7 +57,7 @@ class ProcessGroupRingreduce : public c10d::ProcessGroup {
     comm_ = std::make_unique<rr::Communicator>(o);
     init();
   }
-  ~ProcessGroupRingreduce() override {
+  ~RingreduceGroup() override {
     // Destroying the communicator joins its progress thread, which may be completing a Work
     // whose Future has a Python callback (it needs the GIL): never hold the GIL while joining.
     if (PyGILState_Check()) {
@@ -172,316 +72,585 @@ class ProcessGroupRingreduce : public c10d::ProcessGroup {
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
-    const char* call = "allreduce";
-    at::Tensor& t = single(tensors, call);
-    const rr::DataType dt = reduce_dtype(t, call);
-    const rr::ReduceOp op = reduce_op(opts.reduceOp, call);
+    const Call c{rank_, "allreduce"};
+    check(tensors.size() == 1, c,
+          "expects one tensor per rank, got " + std::to_string(tensors.size()));
+    at::Tensor& user = tensors[0];
+    if (user.is_sparse()) return sparse_allreduce(user, opts);
+    check_tensor(user, c);
+    const Elems e = reduce_elems(user, opts.reduceOp, c);
+    const Reduction r = reduction(opts.reduceOp, c);
+    const rr::CallOptions call = call_options(opts.timeout, r.premul_factor);
+    Staging staging;
+    at::Tensor t = staging.inout(user);
     if (t.nbytes() <= kInlineBytes && !t_completing) {
       // Small: run it here and now. Handing it to the progress thread costs two thread
       // switches, more than the op itself (a 4-byte allreduce on shared memory takes
       // microseconds); what overlap could hide is as small. The Work is complete on return.
       std::exception_ptr error;
       try {
-        comm_->allreduce(t.data_ptr(), t.data_ptr(), count(t), dt, op);
+        comm_->allreduce(t.data_ptr(), t.data_ptr(), e.count, e.dtype, r.op, call);
       } catch (...) {
         error = std::current_exception();
       }
-      return WorkRR::done(c10::make_intrusive<WorkRR>(rank_, c10d::OpType::ALLREDUCE,
-                                                      std::vector<at::Tensor>{t}, nullptr),
-                          error);
+      return WorkRR::done(work(c10d::OpType::ALLREDUCE, {user}, staging.after()), error);
     }
-    return launch(c10d::OpType::ALLREDUCE, {t},
-                  comm_->allreduce_async(t.data_ptr(), t.data_ptr(), count(t), dt, op));
+    return launch(
+        c10d::OpType::ALLREDUCE, {user},
+        {comm_->allreduce_async(t.data_ptr(), t.data_ptr(), e.count, e.dtype, r.op, call)},
+        staging);
   }
+
+#if TORCH_VERSION_MAJOR >= 2
+  c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                                  const c10d::AllreduceOptions& opts) override {
+    check(tensors.size() == 1 && tensors[0].is_sparse(), {rank_, "allreduce_sparse"},
+          "expects one sparse tensor");
+    return sparse_allreduce(tensors[0], opts);
+  }
+#endif
 
   // One allreduce over the tensors packed together (what gloo does too): one latency, not n.
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
       std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override {
-    const char* call = "allreduce_coalesced";
-    check(!tensors.empty(), call, "no tensors");
+    const Call c{rank_, "allreduce_coalesced"};
+    check(!tensors.empty(), c, "no tensors");
     for (auto& t : tensors) {
-      check_tensor(t, call);
-      check(t.scalar_type() == tensors[0].scalar_type(), call, "tensors differ in dtype");
+      check_tensor(t, c);
+      check(t.scalar_type() == tensors[0].scalar_type(), c, "tensors differ in dtype");
     }
-    const rr::DataType dt = reduce_dtype(tensors[0], call);
     at::Tensor flat = pack(tensors);
-    auto after = unpack(flat, tensors);
+    const Elems e = reduce_elems(flat, opts.reduceOp, c);
+    const Reduction r = reduction(opts.reduceOp, c);
     return launch(c10d::OpType::ALLREDUCE_COALESCED, tensors,
-                  comm_->allreduce_async(flat.data_ptr(), flat.data_ptr(), count(flat), dt,
-                                         reduce_op(opts.reduceOp, call)),
-                  {flat}, after);
+                  {comm_->allreduce_async(flat.data_ptr(), flat.data_ptr(), e.count, e.dtype, r.op,
+                                          call_options(opts.timeout, r.premul_factor))},
+                  {flat}, unpack(flat, tensors));
   }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override {
-    const char* call = "broadcast";
-    at::Tensor& t = single(tensors, call);
-    check_root(opts.rootRank, call);
-    check(opts.rootTensor == 0, call, "rootTensor must be 0 (one tensor per rank)");
-    const auto [dt, n] = move_dtype(t);
-    return launch(c10d::OpType::BROADCAST, {t},
-                  comm_->broadcast_async(t.data_ptr(), n, dt, static_cast<int>(opts.rootRank)));
+    const Call c{rank_, "broadcast"};
+    at::Tensor& user = single(tensors, c);
+    check_root(opts.rootRank, c);
+    check(opts.rootTensor == 0, c, "rootTensor must be 0 (one tensor per rank)");
+    Staging staging;
+    at::Tensor t = staging.inout(user);
+    const Elems e = move_elems(t);
+    return launch(
+        c10d::OpType::BROADCAST, {user},
+        {comm_->broadcast_async(t.data_ptr(), e.count, e.dtype, static_cast<int>(opts.rootRank),
+                                call_options(opts.timeout))},
+        staging);
   }
 
+  // The root gets the reduction; the other ranks' tensors are left as they were (gloo leaves
+  // intermediate sums in them).
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
                                         const c10d::ReduceOptions& opts) override {
-    const char* call = "reduce";
-    at::Tensor& t = single(tensors, call);
-    check_root(opts.rootRank, call);
-    const rr::DataType dt = reduce_dtype(t, call);
+    const Call c{rank_, "reduce"};
+    at::Tensor& user = single(tensors, c);
+    check_root(opts.rootRank, c);
     const int root = static_cast<int>(opts.rootRank);
-    return launch(c10d::OpType::REDUCE, {t},
-                  comm_->reduce_async(t.data_ptr(), rank_ == root ? t.data_ptr() : nullptr,
-                                      count(t), dt, reduce_op(opts.reduceOp, call), root));
+    const Elems e = reduce_elems(user, opts.reduceOp, c);
+    const Reduction r = reduction(opts.reduceOp, c);
+    Staging staging;
+    at::Tensor t = rank_ == root ? staging.inout(user) : staging.input(user);
+    return launch(
+        c10d::OpType::REDUCE, {user},
+        {comm_->reduce_async(t.data_ptr(), rank_ == root ? t.data_ptr() : nullptr, e.count, e.dtype,
+                             r.op, root, call_options(opts.timeout, r.premul_factor))},
+        staging);
   }
 
+  // Every rank's tensor into a list per rank; tensors of their own sizes go through allgatherv
+  // (gloo refuses them).
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                            std::vector<at::Tensor>& inputs,
-                                           const c10d::AllgatherOptions&) override {
-    const char* call = "allgather";
-    at::Tensor& in = single(inputs, call);
-    check(outputs.size() == 1, call, "expects one output list (one tensor per rank)");
+                                           const c10d::AllgatherOptions& opts) override {
+    const Call c{rank_, "allgather"};
+    at::Tensor& user_in = single(inputs, c);
+    check(outputs.size() == 1, c, "expects one output list (one tensor per rank)");
     auto& outs = outputs[0];
-    check_list(outs, in, call);
-    const auto [dt, n] = move_dtype(in);
-    // Staged through one buffer: the outputs are separate tensors, the collective writes one
-    // block per rank into one buffer.
-    at::Tensor flat = at::empty({static_cast<int64_t>(size_) * in.numel()}, in.options());
-    auto after = unpack(flat, outs);
-    return launch(c10d::OpType::ALLGATHER, outs,
-                  comm_->allgather_async(in.data_ptr(), flat.data_ptr(), n, dt), {flat, in}, after);
+    check_list(outs, size(), user_in, c);
+    const std::vector<size_t> counts = counts_of(outs);
+    const Elems e = move_elems(user_in);
+    check(counts[static_cast<size_t>(rank_)] == e.count, c,
+          "this rank's input and its tensor of the output list differ in size");
+    Staging staging;
+    at::Tensor in = staging.input(user_in);
+    at::Tensor flat = at::empty({static_cast<int64_t>(total(counts) * dtype_size(e.dtype))},
+                                at::TensorOptions().dtype(at::kByte));
+    const bool even =
+        std::all_of(counts.begin(), counts.end(), [&](size_t n) { return n == counts[0]; });
+    const rr::CallOptions call = call_options(opts.timeout);
+    rr::Work w =
+        even ? comm_->allgather_async(in.data_ptr(), flat.data_ptr(), e.count, e.dtype, call)
+             : comm_->allgatherv_async(in.data_ptr(), flat.data_ptr(), counts, e.dtype, call);
+    return launch(c10d::OpType::ALLGATHER, outs, {w}, {flat, in}, unpack_bytes(flat, outs),
+                  staging);
   }
 
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& out, at::Tensor& in,
-                                                 const c10d::AllgatherOptions&) override {
-    const char* call = "_allgather_base";
-    check_tensor(in, call);
-    check_tensor(out, call);
-    check(out.scalar_type() == in.scalar_type(), call, "output and input differ in dtype");
-    check(out.numel() == in.numel() * size_, call,
-          "output must hold size x input elements (" + std::to_string(out.numel()) + " vs " +
-              std::to_string(in.numel()) + " x " + std::to_string(size_) + ")");
-    const auto [dt, n] = move_dtype(in);
-    return launch(c10d::OpType::_ALLGATHER_BASE, {out},
-                  comm_->allgather_async(in.data_ptr(), out.data_ptr(), n, dt), {in});
+                                                 const c10d::AllgatherOptions& opts) override {
+    const Call c{rank_, "_allgather_base"};
+    return launch_pairs(c10d::OpType::_ALLGATHER_BASE, c, {out}, {in}, opts.timeout, true);
   }
 
+  // Several inputs gathered at once: output_lists[r][j] gets rank r's input j. Packed, one
+  // allgather, unpacked (gloo does the same).
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& output_lists, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override {
+    const Call c{rank_, "allgather_coalesced"};
+    check(!inputs.empty(), c, "no inputs");
+    check(output_lists.size() == static_cast<size_t>(size()), c,
+          "expects one output list per rank (" + std::to_string(size()) + ")");
+    for (auto& in : inputs) {
+      check_tensor(in, c);
+      check(in.scalar_type() == inputs[0].scalar_type(), c, "inputs differ in dtype");
+    }
+    for (auto& list : output_lists) {
+      check_list(list, inputs.size(), inputs[0], c);
+      for (size_t j = 0; j < inputs.size(); ++j)
+        check(list[j].numel() == inputs[j].numel(), c,
+              "output j of every rank must match input j's size");
+    }
+    at::Tensor flat_in = pack(inputs);
+    at::Tensor flat_out = at::empty({flat_in.numel() * size()}, flat_in.options());
+    const Elems e = move_elems(flat_in);
+    std::vector<at::Tensor> all;
+    for (auto& l : output_lists) all.insert(all.end(), l.begin(), l.end());
+    // Rank r's block is its inputs one after another: exactly the lists, rank by rank.
+    return launch(c10d::OpType::ALLGATHER_COALESCED, all,
+                  {comm_->allgather_async(flat_in.data_ptr(), flat_out.data_ptr(), e.count, e.dtype,
+                                          call_options(opts.timeout))},
+                  {flat_in, flat_out}, unpack(flat_out, all));
+  }
+
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override {
+    const Call c{rank_, "gather"};
+    at::Tensor& user_in = single(inputs, c);
+    check_root(opts.rootRank, c);
+    const int root = static_cast<int>(opts.rootRank);
+    const Elems e = move_elems(user_in);
+    Staging staging;
+    at::Tensor in = staging.input(user_in);
+    if (rank_ != root) {
+      check(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()), c,
+            "only the root passes output tensors");
+      return launch(c10d::OpType::GATHER, {},
+                    {comm_->gather_async(in.data_ptr(), nullptr, e.count, e.dtype, root,
+                                         call_options(opts.timeout))},
+                    {in});
+    }
+    check(outputs.size() == 1, c, "the root expects one output list (one tensor per rank)");
+    check_list(outputs[0], size(), user_in, c);
+    for (const auto& o : outputs[0])
+      check(o.numel() == user_in.numel(), c, "every output must match the input's size");
+    at::Tensor flat = at::empty({user_in.numel() * size()}, user_in.options());
+    return launch(c10d::OpType::GATHER, outputs[0],
+                  {comm_->gather_async(in.data_ptr(), flat.data_ptr(), e.count, e.dtype, root,
+                                       call_options(opts.timeout))},
+                  {flat, in}, unpack(flat, outputs[0]));
+  }
+
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override {
+    const Call c{rank_, "scatter"};
+    at::Tensor& user_out = single(outputs, c);
+    check_root(opts.rootRank, c);
+    const int root = static_cast<int>(opts.rootRank);
+    const Elems e = move_elems(user_out);
+    Staging staging;
+    at::Tensor out = staging.output(user_out);
+    at::Tensor flat;
+    if (rank_ == root) {
+      check(inputs.size() == 1, c, "the root expects one input list (one tensor per rank)");
+      check_list(inputs[0], size(), user_out, c);
+      for (const auto& i : inputs[0])
+        check(i.numel() == user_out.numel(), c, "every input must match the output's size");
+      flat = pack(inputs[0]);
+    } else {
+      check(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()), c,
+            "only the root passes input tensors");
+    }
+    return launch(c10d::OpType::SCATTER, {user_out},
+                  {comm_->scatter_async(flat.defined() ? flat.data_ptr() : nullptr, out.data_ptr(),
+                                        e.count, e.dtype, root, call_options(opts.timeout))},
+                  staging, flat);
+  }
+
+  // The list of every rank's blocks; blocks of their own sizes go through reduce_scatterv.
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
                                                 std::vector<std::vector<at::Tensor>>& inputs,
                                                 const c10d::ReduceScatterOptions& opts) override {
-    const char* call = "reduce_scatter";
-    at::Tensor& out = single(outputs, call);
-    check(inputs.size() == 1, call, "expects one input list (one tensor per rank)");
-    check_list(inputs[0], out, call);
-    const rr::DataType dt = reduce_dtype(out, call);
+    const Call c{rank_, "reduce_scatter"};
+    at::Tensor& user_out = single(outputs, c);
+    check(inputs.size() == 1, c, "expects one input list (one tensor per rank)");
+    check_list(inputs[0], size(), user_out, c);
+    const std::vector<size_t> counts = counts_of(inputs[0]);
+    check(counts[static_cast<size_t>(rank_)] == move_elems(user_out).count, c,
+          "the output and this rank's tensor of the input list differ in size");
     at::Tensor flat = pack(inputs[0]);
-    return launch(c10d::OpType::REDUCE_SCATTER, {out},
-                  comm_->reduce_scatter_async(flat.data_ptr(), out.data_ptr(), count(out), dt,
-                                              reduce_op(opts.reduceOp, call)),
-                  {flat});
+    const Elems e = reduce_elems(flat, opts.reduceOp, c);
+    const Reduction r = reduction(opts.reduceOp, c);
+    Staging staging;
+    at::Tensor out = staging.output(user_out);
+    const bool even =
+        std::all_of(counts.begin(), counts.end(), [&](size_t n) { return n == counts[0]; });
+    const rr::CallOptions call = call_options(opts.timeout, r.premul_factor);
+    // counts_of counts complex tensors in real elements, as reduce_elems does.
+    rr::Work w = even ? comm_->reduce_scatter_async(flat.data_ptr(), out.data_ptr(),
+                                                    e.count / static_cast<size_t>(size()), e.dtype,
+                                                    r.op, call)
+                      : comm_->reduce_scatterv_async(flat.data_ptr(), out.data_ptr(), counts,
+                                                     e.dtype, r.op, call);
+    return launch(c10d::OpType::REDUCE_SCATTER, {user_out}, {w}, staging, flat);
   }
 
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
       at::Tensor& out, at::Tensor& in, const c10d::ReduceScatterOptions& opts) override {
-    const char* call = "_reduce_scatter_base";
-    check_tensor(in, call);
-    check_tensor(out, call);
-    check(out.scalar_type() == in.scalar_type(), call, "output and input differ in dtype");
-    check(in.numel() == out.numel() * size_, call,
-          "input must hold size x output elements (" + std::to_string(in.numel()) + " vs " +
-              std::to_string(out.numel()) + " x " + std::to_string(size_) + ")");
-    const rr::DataType dt = reduce_dtype(out, call);
-    return launch(c10d::OpType::_REDUCE_SCATTER_BASE, {out},
-                  comm_->reduce_scatter_async(in.data_ptr(), out.data_ptr(), count(out), dt,
-                                              reduce_op(opts.reduceOp, call)),
-                  {in});
+    const Call c{rank_, "_reduce_scatter_base"};
+    return launch_pairs(c10d::OpType::_REDUCE_SCATTER_BASE, c, {out}, {in}, opts.timeout, false,
+                        &opts.reduceOp);
   }
 
-  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& out, at::Tensor& in,
+#if TORCH_VERSION_MAJOR >= 2
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override {
+    const Call c{rank_, "allgather_into_tensor_coalesced"};
+    return launch_pairs(c10d::OpType::COALESCED, c, outputs, inputs, opts.timeout, true);
+  }
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override {
+    const Call c{rank_, "reduce_scatter_tensor_coalesced"};
+    return launch_pairs(c10d::OpType::COALESCED, c, outputs, inputs, opts.timeout, false,
+                        &opts.reduceOp);
+  }
+#endif
+
+  // Rows of dim 0 split among the ranks: equally, or by the split sizes (alltoallv).
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& user_out, at::Tensor& user_in,
                                                std::vector<int64_t>& out_splits,
                                                std::vector<int64_t>& in_splits,
-                                               const c10d::AllToAllOptions&) override {
-    const char* call = "alltoall_base";
-    check_tensor(in, call);
-    check_tensor(out, call);
-    check(out.scalar_type() == in.scalar_type(), call, "output and input differ in dtype");
-    check(out.numel() == in.numel(), call, "output and input differ in size");
-    // Blocks are whole rows (dim 0), as torch's other backends require; split sizes count rows
-    // of their own tensor, and equal ones are what ringreduce's alltoall does.
-    for (const at::Tensor* t : {&in, &out})
-      check(t->dim() > 0 && t->size(0) % size_ == 0, call,
-            "dim 0 of input and output must divide equally across the " + std::to_string(size_) +
-                " ranks");
-    for (auto [splits, rows] :
-         {std::pair{&out_splits, out.size(0)}, std::pair{&in_splits, in.size(0)}}) {
-      check(splits->empty() || splits->size() == static_cast<size_t>(size_), call,
-            "split sizes must have one entry per rank");
-      for (int64_t s : *splits)
-        check(s * size_ == rows, call,
-              "uneven split sizes are not supported (ringreduce's alltoall sends equal blocks)");
-    }
-    const auto [dt, n] = move_dtype(in);
-    return launch(c10d::OpType::ALLTOALL_BASE, {out},
-                  comm_->alltoall_async(in.data_ptr(), out.data_ptr(), n / size_, dt), {in});
+                                               const c10d::AllToAllOptions& opts) override {
+    const Call c{rank_, "alltoall_base"};
+    check_tensor(user_in, c);
+    check_tensor(user_out, c);
+    check(user_out.scalar_type() == user_in.scalar_type(), c, "output and input differ in dtype");
+    auto blocks = [&](const at::Tensor& t, const std::vector<int64_t>& splits) {
+      check(t.dim() > 0 || splits.empty(), c, "a tensor with no dim 0 cannot be split");
+      const int64_t rows = t.dim() > 0 ? t.size(0) : 0;
+      const size_t row = rows > 0 ? move_elems(t).count / static_cast<size_t>(rows) : 0;
+      std::vector<size_t> counts;
+      if (splits.empty()) {
+        check(rows % size() == 0, c,
+              "dim 0 (" + std::to_string(rows) + ") does not divide equally across the " +
+                  std::to_string(size()) + " ranks; pass split sizes");
+        counts.assign(static_cast<size_t>(size()), static_cast<size_t>(rows / size()) * row);
+      } else {
+        check(splits.size() == static_cast<size_t>(size()), c,
+              "split sizes must have one entry per rank");
+        int64_t sum = 0;
+        for (int64_t s : splits) {
+          check(s >= 0, c, "split sizes must not be negative");
+          sum += s;
+          counts.push_back(static_cast<size_t>(s) * row);
+        }
+        check(
+            sum == rows, c,
+            "split sizes add up to " + std::to_string(sum) + " rows, not " + std::to_string(rows));
+      }
+      return counts;
+    };
+    const std::vector<size_t> sc = blocks(user_in, in_splits), rc = blocks(user_out, out_splits);
+    Staging staging;
+    at::Tensor in = staging.input(user_in), out = staging.output(user_out);
+    const Elems e = move_elems(in);
+    return launch(c10d::OpType::ALLTOALL_BASE, {user_out},
+                  {comm_->alltoallv_async(in.data_ptr(), sc, out.data_ptr(), rc, e.dtype,
+                                          call_options(opts.timeout))},
+                  staging);
   }
 
+  // A tensor per rank each way, of any sizes (gloo supports none of this).
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
                                           std::vector<at::Tensor>& inputs,
-                                          const c10d::AllToAllOptions&) override {
-    const char* call = "alltoall";
-    check(inputs.size() == static_cast<size_t>(size_) && outputs.size() == inputs.size(), call,
-          "expects one input and one output tensor per rank");
-    check_list(inputs, inputs[0], call);
-    check_list(outputs, inputs[0], call);
-    at::Tensor flat_in = pack(inputs);
-    at::Tensor flat_out = at::empty_like(flat_in);
-    const auto [dt, n] = move_dtype(inputs[0]);
-    auto after = unpack(flat_out, outputs);
+                                          const c10d::AllToAllOptions& opts) override {
+    const Call c{rank_, "alltoall"};
+    check(!inputs.empty(), c, "expects one input and one output tensor per rank");
+    check_list(inputs, size(), inputs[0], c);
+    check_list(outputs, size(), inputs[0], c);
+    // Moved as bytes: blocks of any sizes, one dtype.
+    std::vector<size_t> sc, rc;
+    for (const auto& t : inputs) sc.push_back(static_cast<size_t>(t.nbytes()));
+    for (const auto& t : outputs) rc.push_back(static_cast<size_t>(t.nbytes()));
+    at::Tensor flat_in = pack(inputs).view(at::kByte);
+    at::Tensor flat_out =
+        at::empty({static_cast<int64_t>(total(rc))}, at::TensorOptions().dtype(at::kByte));
     return launch(c10d::OpType::ALLTOALL, outputs,
-                  comm_->alltoall_async(flat_in.data_ptr(), flat_out.data_ptr(), n, dt),
-                  {flat_in, flat_out}, after);
+                  {comm_->alltoallv_async(flat_in.data_ptr(), sc, flat_out.data_ptr(), rc,
+                                          rr::DataType::u8, call_options(opts.timeout))},
+                  {flat_in, flat_out}, unpack_bytes(flat_out, outputs));
   }
 
-  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
-    return launch(c10d::OpType::BARRIER, {}, comm_->barrier_async());
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
+    return launch(c10d::OpType::BARRIER, {}, {comm_->barrier_async(call_options(opts.timeout))});
+  }
+
+  // gloo's monitored barrier: every rank reports to rank 0 within the timeout, and rank 0 names
+  // the ranks that did not (all of them with wait_all_ranks, else the first); then it releases
+  // the others. Over ringreduce's sends and receives, on a tag of its own.
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
+
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
+    const Call c{rank_, "send"};
+    at::Tensor& user = single(tensors, c);
+    Staging staging;
+    at::Tensor t = staging.input(user);
+    const Elems e = move_elems(t);
+    return launch(c10d::OpType::SEND, {user},
+                  {comm_->send_async(t.data_ptr(), e.count, e.dtype, dst, as_tag(tag))}, staging);
+  }
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
+    return receive(tensors, src, tag, c10d::OpType::RECV);
+  }
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override {
+    return receive(tensors, rr::Communicator::kAnySource, tag, c10d::OpType::RECVANYSOURCE);
   }
 
  private:
-  [[noreturn]] void fail(const char* call, const std::string& what) const {
-    throw rr::InvalidArgument("rank " + std::to_string(rank_) + ": " + call + ": " + what);
+  int size() const {
+    return size_;
   }
-  void check(bool ok, const char* call, const std::string& what) const {
-    if (!ok) fail(call, what);
+  static size_t total(const std::vector<size_t>& v) {
+    size_t t = 0;
+    for (size_t x : v) t += x;
+    return t;
   }
-  void check_tensor(const at::Tensor& t, const char* call) const {
-    check(t.device().is_cpu(), call,
-          "tensors must be on the CPU (this is " + t.device().str() + ")");
-    check(t.is_contiguous(), call, "tensors must be contiguous");
-    check(!t.is_sparse(), call, "sparse tensors are not supported");
+  // torch's int tags, in ringreduce's unsigned tag space.
+  static uint64_t as_tag(int tag) {
+    return static_cast<uint64_t>(static_cast<int64_t>(tag));
   }
-  at::Tensor& single(std::vector<at::Tensor>& tensors, const char* call) const {
-    check(tensors.size() == 1, call,
+  at::Tensor& single(std::vector<at::Tensor>& tensors, const Call& c) const {
+    check(tensors.size() == 1, c,
           "expects one tensor per rank, got " + std::to_string(tensors.size()));
-    check_tensor(tensors[0], call);
+    check_tensor(tensors[0], c);
     return tensors[0];
   }
-  // Every tensor of a per-rank list matches `like` in dtype and size.
-  void check_list(const std::vector<at::Tensor>& list, const at::Tensor& like,
-                  const char* call) const {
-    check(list.size() == static_cast<size_t>(size_), call,
-          "expects a list of one tensor per rank (" + std::to_string(size_) + "), got " +
-              std::to_string(list.size()));
-    for (const auto& t : list) {
-      check_tensor(t, call);
-      check(t.scalar_type() == like.scalar_type() && t.numel() == like.numel(), call,
-            "tensors of the list differ in dtype or size");
-    }
-  }
-  void check_root(int64_t root, const char* call) const {
-    check(root >= 0 && root < size_, call,
-          "root " + std::to_string(root) + " is not a rank (size " + std::to_string(size_) + ")");
-  }
-  // The tensors of a list one after another in one new buffer (one collective instead of n).
-  static at::Tensor pack(const std::vector<at::Tensor>& list) {
-    std::vector<at::Tensor> flat;
-    for (const auto& t : list) flat.push_back(t.reshape({-1}));
-    return at::cat(flat);
-  }
-  // What copies a packed buffer back out into the list's tensors once the op has succeeded.
-  static std::function<void()> unpack(at::Tensor flat, std::vector<at::Tensor> list) {
-    return [flat, list]() mutable {
-      int64_t off = 0;
-      for (auto& t : list) {
-        t.view({-1}).copy_(flat.narrow(0, off, t.numel()));
-        off += t.numel();
-      }
-    };
-  }
-  static size_t count(const at::Tensor& t) { return static_cast<size_t>(t.numel()); }
-
-  static bool dtype_of(at::ScalarType s, rr::DataType* out) {
-    switch (s) {
-      case at::kHalf:
-        *out = rr::DataType::f16;
-        return true;
-      case at::kBFloat16:
-        *out = rr::DataType::bf16;
-        return true;
-      case at::kFloat:
-        *out = rr::DataType::f32;
-        return true;
-      case at::kDouble:
-        *out = rr::DataType::f64;
-        return true;
-      case at::kChar:
-        *out = rr::DataType::i8;
-        return true;
-      case at::kByte:
-        *out = rr::DataType::u8;
-        return true;
-      case at::kInt:
-        *out = rr::DataType::i32;
-        return true;
-      case at::kLong:
-        *out = rr::DataType::i64;
-        return true;
-      default:
-        return false;
-    }
-  }
-  rr::DataType reduce_dtype(const at::Tensor& t, const char* call) const {
-    rr::DataType d;
-    if (!dtype_of(t.scalar_type(), &d))
-      fail(call, std::string("dtype ") + c10::toString(t.scalar_type()) +
-                     " cannot be reduced (ringreduce reduces float16, bfloat16, float32, "
-                     "float64, int8, uint8, int32, int64)");
-    return d;
-  }
-  // Data movement works for any dtype: unknown ones travel as bytes.
-  static std::pair<rr::DataType, size_t> move_dtype(const at::Tensor& t) {
-    rr::DataType d;
-    if (dtype_of(t.scalar_type(), &d)) return {d, count(t)};
-    return {rr::DataType::u8, t.nbytes()};
-  }
-  rr::ReduceOp reduce_op(const c10d::ReduceOp& op, const char* call) const {
-    switch (static_cast<c10d::ReduceOp::RedOpType>(op)) {
-      case c10d::ReduceOp::SUM:
-        return rr::ReduceOp::sum;
-      case c10d::ReduceOp::PRODUCT:
-        return rr::ReduceOp::prod;
-      case c10d::ReduceOp::MIN:
-        return rr::ReduceOp::min;
-      case c10d::ReduceOp::MAX:
-        return rr::ReduceOp::max;
-      case c10d::ReduceOp::AVG:
-        return rr::ReduceOp::avg;
-      default:
-        fail(call, "reduce op " + std::to_string(static_cast<int>(op.op_)) +
-                       " is not supported (SUM, PRODUCT, MIN, MAX, AVG are)");
-    }
+  void check_root(int64_t root, const Call& c) const {
+    check(root >= 0 && root < size(), c,
+          "root " + std::to_string(root) + " is not a rank (size " + std::to_string(size()) + ")");
   }
 
+  c10::intrusive_ptr<c10d::Work> receive(std::vector<at::Tensor>& tensors, int src, int tag,
+                                         c10d::OpType type);
+  c10::intrusive_ptr<c10d::Work> sparse_allreduce(at::Tensor& t,
+                                                  const c10d::AllreduceOptions& opts);
+  // _allgather_base / _reduce_scatter_base and their coalesced forms: pairs of (output, input)
+  // tensors, each one collective, done together.
+  c10::intrusive_ptr<c10d::Work> launch_pairs(c10d::OpType type, const Call& c,
+                                              std::vector<at::Tensor> outputs,
+                                              std::vector<at::Tensor> inputs,
+                                              std::chrono::milliseconds timeout, bool gather,
+                                              const c10d::ReduceOp* op = nullptr);
+  // Copies a byte buffer of blocks back out into tensors of any dtype, one after another.
+  static std::function<void()> unpack_bytes(at::Tensor flat, std::vector<at::Tensor> list);
+
+  c10::intrusive_ptr<WorkRR> work(c10d::OpType type, std::vector<at::Tensor> outputs,
+                                  std::function<void()> after = nullptr) {
+    return c10::make_intrusive<WorkRR>(rank_, type, std::move(outputs), std::move(after));
+  }
   c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, std::vector<at::Tensor> outputs,
-                                        rr::Work op, std::vector<at::Tensor> keep = {},
-                                        std::function<void()> after = nullptr) {
-    auto w = c10::make_intrusive<WorkRR>(rank_, type, std::move(outputs), std::move(after));
-    return WorkRR::launch(std::move(w), std::move(op), std::move(keep));
+                                        std::vector<rr::Work> ops,
+                                        std::vector<at::Tensor> keep = {},
+                                        std::function<void()> after = nullptr,
+                                        const Staging& staging = Staging()) {
+    for (auto& k : staging.keep()) keep.push_back(k);
+    return WorkRR::launch(work(type, std::move(outputs), staging.after(std::move(after))),
+                          std::move(ops), std::move(keep));
+  }
+  c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, std::vector<at::Tensor> outputs,
+                                        std::vector<rr::Work> ops, const Staging& staging,
+                                        at::Tensor extra = at::Tensor()) {
+    std::vector<at::Tensor> keep;
+    if (extra.defined()) keep.push_back(extra);
+    return launch(type, std::move(outputs), std::move(ops), std::move(keep), nullptr, staging);
   }
 
+  std::chrono::milliseconds timeout_;
   std::unique_ptr<rr::Communicator> comm_;
 };
 
+std::function<void()> RingreduceGroup::unpack_bytes(at::Tensor flat, std::vector<at::Tensor> list) {
+  return [flat, list]() mutable {
+    int64_t off = 0;
+    for (auto& t : list) {
+      const int64_t n = static_cast<int64_t>(t.nbytes());
+      if (n > 0) t.copy_(flat.narrow(0, off, n).view(t.scalar_type()).view(t.sizes()));
+      off += n;
+    }
+  };
+}
+
+c10::intrusive_ptr<c10d::Work> RingreduceGroup::receive(std::vector<at::Tensor>& tensors, int src,
+                                                        int tag, c10d::OpType type) {
+  const Call c{rank_, type == c10d::OpType::RECV ? "recv" : "recvAnysource"};
+  at::Tensor& user = single(tensors, c);
+  Staging staging;
+  at::Tensor t = staging.output(user);
+  const Elems e = move_elems(t);
+  return launch(type, {user}, {comm_->recv_async(t.data_ptr(), e.count, e.dtype, src, as_tag(tag))},
+                staging);
+}
+
+c10::intrusive_ptr<c10d::Work> RingreduceGroup::launch_pairs(c10d::OpType type, const Call& c,
+                                                             std::vector<at::Tensor> outputs,
+                                                             std::vector<at::Tensor> inputs,
+                                                             std::chrono::milliseconds timeout,
+                                                             bool gather,
+                                                             const c10d::ReduceOp* op) {
+  check(!outputs.empty() && outputs.size() == inputs.size(), c,
+        "expects as many outputs as inputs");
+  Staging staging;
+  std::vector<rr::Work> ops;
+  const auto n = static_cast<size_t>(size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_tensor(inputs[i], c);
+    check_tensor(outputs[i], c);
+    check(outputs[i].scalar_type() == inputs[i].scalar_type(), c,
+          "output and input differ in dtype");
+    at::Tensor in = staging.input(inputs[i]);
+    at::Tensor out = staging.output(outputs[i]);
+    if (gather) {
+      const Elems e = move_elems(in);
+      check(move_elems(out).count == e.count * n, c,
+            "the output must hold size x input elements (" + std::to_string(out.numel()) + " vs " +
+                std::to_string(in.numel()) + " x " + std::to_string(n) + ")");
+      ops.push_back(comm_->allgather_async(in.data_ptr(), out.data_ptr(), e.count, e.dtype,
+                                           call_options(timeout)));
+    } else {
+      const Elems e = reduce_elems(out, *op, c);
+      const Reduction r = reduction(*op, c);
+      check(move_elems(in).count == e.count * n, c,
+            "the input must hold size x output elements (" + std::to_string(in.numel()) + " vs " +
+                std::to_string(out.numel()) + " x " + std::to_string(n) + ")");
+      ops.push_back(comm_->reduce_scatter_async(in.data_ptr(), out.data_ptr(), e.count, e.dtype,
+                                                r.op, call_options(timeout, r.premul_factor)));
+    }
+  }
+  return launch(type, outputs, std::move(ops), {}, nullptr, staging);
+}
+
+// gloo's algorithm: every rank's indices and values gathered (sizes first), then summed into one
+// coalesced sparse tensor, which also replaces the input. Run in the calling thread: three
+// collectives that depend on each other's results.
+c10::intrusive_ptr<c10d::Work> RingreduceGroup::sparse_allreduce(
+    at::Tensor& user, const c10d::AllreduceOptions& opts) {
+  const Call c{rank_, "allreduce (sparse)"};
+  check(user.device().is_cpu(), c, "tensors must be on the CPU");
+  check(static_cast<c10d::ReduceOp::RedOpType>(opts.reduceOp) == c10d::ReduceOp::SUM, c,
+        "sparse tensors reduce with SUM only");
+  std::exception_ptr error;
+  at::Tensor result;
+  try {
+    const at::Tensor t = user.coalesce();
+    const at::Tensor idx = t._indices().contiguous();  // sparse_dim x nnz, int64
+    const at::Tensor val = t._values().contiguous();   // nnz x dense dims
+    const auto n = static_cast<size_t>(size());
+    const rr::CallOptions call = call_options(opts.timeout);
+    int64_t nnz = idx.size(1);
+    std::vector<int64_t> all_nnz(n);
+    comm_->allgather(&nnz, all_nnz.data(), 1, rr::DataType::i64, call);
+    int64_t total_nnz = 0;
+    for (int64_t k : all_nnz) total_nnz += k;
+    // Indices: each rank's (sparse_dim x nnz) block, transposed so that a rank's entries are
+    // contiguous; values: its nnz rows.
+    const at::Tensor idx_t = idx.t().contiguous();
+    const int64_t sdim = idx.size(0);
+    const int64_t row = val.numel() / std::max<int64_t>(1, val.size(0));
+    std::vector<size_t> icounts(n), vcounts(n);
+    for (size_t r = 0; r < n; ++r) {
+      icounts[r] = static_cast<size_t>(all_nnz[r] * sdim);
+      vcounts[r] = static_cast<size_t>(all_nnz[r] * row);
+    }
+    at::Tensor all_idx = at::empty({total_nnz, sdim}, idx.options());
+    comm_->allgatherv(idx_t.data_ptr(), all_idx.data_ptr(), icounts, rr::DataType::i64, call);
+    std::vector<int64_t> vshape = val.sizes().vec();
+    vshape[0] = total_nnz;
+    at::Tensor all_val = at::empty(vshape, val.options());
+    const Elems ve = move_elems(val);
+    const size_t per = val.numel() > 0 ? ve.count / static_cast<size_t>(val.numel()) : 1;
+    for (auto& v : vcounts) v *= per;
+    comm_->allgatherv(val.data_ptr(), all_val.data_ptr(), vcounts, ve.dtype, call);
+    result = at::sparse_coo_tensor(all_idx.t(), all_val, t.sizes()).coalesce();
+    user.copy_(result);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  return WorkRR::done(work(c10d::OpType::ALLREDUCE, {result.defined() ? result : user}), error);
+}
+
+void RingreduceGroup::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
+  const std::chrono::milliseconds timeout =
+      opts.timeout != c10d::kUnsetTimeout && opts.timeout.count() > 0 ? opts.timeout : timeout_;
+  rr::CallOptions call;
+  call.timeout = timeout;
+  uint8_t token = 1;
+  if (rank_ != 0) {
+    comm_->send(&token, 1, rr::DataType::u8, 0, kMonitoredBarrierTag, call);
+    comm_->recv(&token, 1, rr::DataType::u8, 0, kMonitoredBarrierTag, call);
+    return;
+  }
+  std::vector<uint8_t> tokens(static_cast<size_t>(size()));
+  std::vector<rr::Work> reports;
+  for (int q = 1; q < size(); ++q)
+    reports.push_back(comm_->recv_async(&tokens[static_cast<size_t>(q)], 1, rr::DataType::u8, q,
+                                        kMonitoredBarrierTag, call));
+  std::vector<int> missing;
+  std::string first_error;
+  for (int q = 1; q < size(); ++q) {
+    try {
+      reports[static_cast<size_t>(q - 1)].wait();
+    } catch (const std::exception& e) {
+      missing.push_back(q);
+      if (first_error.empty()) first_error = e.what();
+      if (!wait_all_ranks) break;
+    }
+  }
+  if (!missing.empty()) {
+    std::string ranks;
+    for (int q : missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(q);
+    throw rr::TimeoutError("rank 0: monitoredBarrier: rank" +
+                           std::string(missing.size() > 1 ? "s " : " ") + ranks +
+                           " failed to pass monitoredBarrier in " +
+                           std::to_string(timeout.count()) + " ms (" + first_error + ")");
+  }
+  for (int q = 1; q < size(); ++q)
+    comm_->send(&token, 1, rr::DataType::u8, q, kMonitoredBarrierTag, call);
+}
+
 }  // namespace
+}  // namespace ringreduce::torch_backend
 
 PYBIND11_MODULE(_torch_backend, m) {
+  using ringreduce::torch_backend::RingreduceGroup;
   m.doc() = "The torch.distributed backend 'ringreduce' (import ringreduce.torch to register it)";
+  m.attr("TORCH_MAJOR") = TORCH_VERSION_MAJOR;
   m.def(
       "create",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-         std::chrono::milliseconds timeout) -> c10::intrusive_ptr<c10d::ProcessGroup> {
-        return c10::make_intrusive<ProcessGroupRingreduce>(store, rank, size, timeout);
+         std::chrono::milliseconds timeout) -> c10::intrusive_ptr<ringreduce::torch_backend::Base> {
+        return c10::make_intrusive<RingreduceGroup>(store, rank, size, timeout);
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
       py::call_guard<py::gil_scoped_release>(),
-      "Creates the process group (what torch.distributed calls for backend 'ringreduce').");
+      "Creates the process group (torch 1.13) or backend (torch 2.x) that torch.distributed calls "
+      "for 'ringreduce'.");
 }

@@ -1,5 +1,8 @@
-"""torch.distributed with backend "ringreduce": every call it implements, every dtype it
-reduces, against torch's own arithmetic, at 2 and 4 ranks (workers/torch_dist.py)."""
+"""torch.distributed with backend "ringreduce": every call on CPU tensors against gloo's results in
+the same job and against torch's arithmetic, every dtype and reduce op, uneven sizes, views that
+are not contiguous, point to point and its interleavings with collectives, objects, sparse tensors,
+groups, at 2 and 4 ranks (workers/torch_surface.py). The same test runs on torch 1.13 here and on
+torch 2.x in scripts/torch2's root."""
 
 import pytest
 
@@ -11,11 +14,11 @@ if not have_module("_torch_backend"):
 
 
 @pytest.mark.parametrize("n", [2, 4])
-def test_every_call_and_dtype_matches_torch(n):
-    _, lines, out = launch(n, "torch_dist.py")
+def test_every_call_matches_gloo_and_torch(n):
+    _, lines, out = launch(n, "torch_surface.py", timeout=300)
     assert sorted(lines) == list(range(n)), out[-3000:]
     for rank, ls in lines.items():
         fails = [l for l in ls if l.startswith("FAIL")]
         assert not fails, f"rank {rank}:\n" + "\n".join(fails)
         oks = [l for l in ls if l.startswith("OK ")]
-        assert oks and int(oks[-1].split()[1]) > 300, f"rank {rank}: {ls[-3:]}"
+        assert oks and int(oks[-1].split()[1]) > 400, f"rank {rank}: {ls[-3:]}"

@@ -5,11 +5,15 @@
     dist.init_process_group("ringreduce")  # rank, size, store from torchrun/ringrun's environment
     model = torch.nn.parallel.DistributedDataParallel(model)  # unchanged
 
-CPU tensors. Implemented: allreduce (SUM, PRODUCT, MIN, MAX, AVG), allreduce_coalesced,
-broadcast, allgather, _allgather_base, reduce_scatter, _reduce_scatter_base, reduce,
-alltoall_base and alltoall (equal splits), barrier. Any other call raises an error naming it.
+CPU tensors, torch 1.13 (a ProcessGroup) and torch 2.x (a Backend registered for "cpu", so that
+torch routes every call to it, point to point included). Every torch.distributed call that gloo
+takes on CPU tensors works here, and more (docs/PYTHON.md lists them per torch version): all
+reduce ops (AVG, BAND, BOR, BXOR, PREMUL_SUM included) on every dtype they apply to (int16 and
+bool included), non-contiguous tensors, uneven all_gather, reduce_scatter and all_to_all, gather,
+scatter, send/recv/irecv from any source, monitored_barrier, new_group and new_subgroups.
 """
 
+import torch
 import torch.distributed as _dist
 
 from .. import _ringreduce  # noqa: F401  (its exception translator maps ringreduce's errors)
@@ -23,4 +27,9 @@ def _create(store, rank, size, timeout):
 
 
 if BACKEND.upper() not in _dist.Backend._plugins:
-    _dist.Backend.register_backend(BACKEND, _create)
+    if _torch_backend.TORCH_MAJOR >= 2:
+        # torch 2.x dispatches per device: without "cpu" here it finds no backend for CPU
+        # tensors' point-to-point calls.
+        _dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
+    else:
+        _dist.Backend.register_backend(BACKEND, _create)

@@ -1,0 +1,206 @@
+#include "torch_tensors.h"
+
+#include <torch/version.h>
+
+namespace ringreduce::torch_backend {
+
+void fail(const Call& c, const std::string& what) {
+  throw rr::InvalidArgument("rank " + std::to_string(c.rank) + ": " + c.name + ": " + what);
+}
+
+void check_tensor(const at::Tensor& t, const Call& c) {
+  check(t.defined(), c, "an undefined tensor");
+  check(t.device().is_cpu(), c, "tensors must be on the CPU (this is " + t.device().str() + ")");
+  check(t.layout() == c10::kStrided, c, "only dense tensors are supported here");
+}
+
+void check_list(const std::vector<at::Tensor>& list, size_t n, const at::Tensor& like,
+                const Call& c) {
+  check(list.size() == n, c,
+        "expects a list of one tensor per rank (" + std::to_string(n) + "), got " +
+            std::to_string(list.size()));
+  for (const auto& t : list) {
+    check_tensor(t, c);
+    check(t.scalar_type() == like.scalar_type(), c,
+          std::string("tensors of the list differ in dtype (") + c10::toString(t.scalar_type()) +
+              " vs " + c10::toString(like.scalar_type()) + ")");
+  }
+}
+
+namespace {
+
+bool library_dtype(at::ScalarType s, rr::DataType* out) {
+  switch (s) {
+    case at::kHalf:
+      *out = rr::DataType::f16;
+      return true;
+    case at::kBFloat16:
+      *out = rr::DataType::bf16;
+      return true;
+    case at::kFloat:
+      *out = rr::DataType::f32;
+      return true;
+    case at::kDouble:
+      *out = rr::DataType::f64;
+      return true;
+    case at::kChar:
+      *out = rr::DataType::i8;
+      return true;
+    case at::kByte:
+      *out = rr::DataType::u8;
+      return true;
+    case at::kShort:
+      *out = rr::DataType::i16;
+      return true;
+    case at::kInt:
+      *out = rr::DataType::i32;
+      return true;
+    case at::kLong:
+      *out = rr::DataType::i64;
+      return true;
+    case at::kBool:
+      *out = rr::DataType::boolean;
+      return true;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+    case at::ScalarType::UInt32:
+      *out = rr::DataType::u32;
+      return true;
+    case at::ScalarType::UInt64:
+      *out = rr::DataType::u64;
+      return true;
+#endif
+    default:
+      return false;
+  }
+}
+
+// Complex: pairs of the real type.
+bool complex_dtype(at::ScalarType s, rr::DataType* out) {
+  if (s == at::kComplexFloat) return *out = rr::DataType::f32, true;
+  if (s == at::kComplexDouble) return *out = rr::DataType::f64, true;
+  return false;
+}
+
+}  // namespace
+
+Elems move_elems(const at::Tensor& t) {
+  Elems e;
+  const size_t n = static_cast<size_t>(t.numel());
+  if (library_dtype(t.scalar_type(), &e.dtype)) return e.count = n, e;
+  if (complex_dtype(t.scalar_type(), &e.dtype)) return e.count = 2 * n, e;
+  e.dtype = rr::DataType::u8;
+  e.count = static_cast<size_t>(t.nbytes());
+  return e;
+}
+
+Elems reduce_elems(const at::Tensor& t, const c10d::ReduceOp& op, const Call& c) {
+  Elems e;
+  const size_t n = static_cast<size_t>(t.numel());
+  if (library_dtype(t.scalar_type(), &e.dtype)) return e.count = n, e;
+  if (complex_dtype(t.scalar_type(), &e.dtype)) {
+    // Element-wise on the real and imaginary parts: right for sums and averages only.
+    const auto o = static_cast<c10d::ReduceOp::RedOpType>(op);
+    check(o == c10d::ReduceOp::SUM || o == c10d::ReduceOp::AVG || o == c10d::ReduceOp::PREMUL_SUM,
+          c, "complex tensors reduce with SUM, AVG and PREMUL_SUM only");
+    return e.count = 2 * n, e;
+  }
+  fail(c, std::string("dtype ") + c10::toString(t.scalar_type()) +
+              " cannot be reduced (float16, bfloat16, float32, float64, complex, int8, uint8, "
+              "int16, int32, int64 and bool can)");
+}
+
+std::vector<size_t> counts_of(const std::vector<at::Tensor>& list) {
+  std::vector<size_t> v;
+  v.reserve(list.size());
+  for (const auto& t : list) v.push_back(move_elems(t).count);
+  return v;
+}
+
+Reduction reduction(const c10d::ReduceOp& op, const Call& c) {
+  switch (static_cast<c10d::ReduceOp::RedOpType>(op)) {
+    case c10d::ReduceOp::SUM:
+      return {rr::ReduceOp::sum};
+    case c10d::ReduceOp::PRODUCT:
+      return {rr::ReduceOp::prod};
+    case c10d::ReduceOp::MIN:
+      return {rr::ReduceOp::min};
+    case c10d::ReduceOp::MAX:
+      return {rr::ReduceOp::max};
+    case c10d::ReduceOp::AVG:
+      return {rr::ReduceOp::avg};
+    case c10d::ReduceOp::BAND:
+      return {rr::ReduceOp::band};
+    case c10d::ReduceOp::BOR:
+      return {rr::ReduceOp::bor};
+    case c10d::ReduceOp::BXOR:
+      return {rr::ReduceOp::bxor};
+    case c10d::ReduceOp::PREMUL_SUM: {
+      // torch.distributed._make_nccl_premul_sum(factor): a float, or a one-element tensor.
+      const auto* s = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+      check(s != nullptr, c, "PREMUL_SUM without its factor");
+      if (!s->tensor_factors.empty())
+        return {rr::ReduceOp::premul_sum, s->tensor_factors[0].item<double>()};
+      return {rr::ReduceOp::premul_sum, s->double_factor};
+    }
+    default:
+      fail(c, "reduce op " + std::to_string(static_cast<int>(op.op_)) + " is not supported");
+  }
+}
+
+at::Tensor Staging::input(const at::Tensor& t) {
+  if (t.is_contiguous()) return t;
+  at::Tensor copy = t.contiguous();
+  keep_.push_back(copy);
+  return copy;
+}
+
+at::Tensor Staging::inout(const at::Tensor& t) {
+  if (t.is_contiguous()) return t;
+  at::Tensor copy = t.contiguous();
+  keep_.push_back(copy);
+  back_.emplace_back(t, copy);
+  return copy;
+}
+
+at::Tensor Staging::output(const at::Tensor& t) {
+  if (t.is_contiguous()) return t;
+  at::Tensor copy = at::empty(t.sizes(), t.options().memory_format(at::MemoryFormat::Contiguous));
+  keep_.push_back(copy);
+  back_.emplace_back(t, copy);
+  return copy;
+}
+
+std::function<void()> Staging::after(std::function<void()> more) const {
+  if (back_.empty()) return more;
+  return [back = back_, more = std::move(more)]() mutable {
+    for (auto& [user, staged] : back) user.copy_(staged);
+    if (more) more();
+  };
+}
+
+at::Tensor pack(const std::vector<at::Tensor>& list) {
+  std::vector<at::Tensor> flat;
+  flat.reserve(list.size());
+  for (const auto& t : list) flat.push_back(t.reshape({-1}));
+  return at::cat(flat);
+}
+
+std::function<void()> unpack(at::Tensor flat, std::vector<at::Tensor> list) {
+  return [flat, list]() mutable {
+    int64_t off = 0;
+    for (auto& t : list) {
+      // copy_ follows t's strides: any view of the caller's gets its elements.
+      t.copy_(flat.narrow(0, off, t.numel()).view(t.sizes()));
+      off += t.numel();
+    }
+  };
+}
+
+rr::CallOptions call_options(std::chrono::milliseconds timeout, double premul_factor) {
+  rr::CallOptions o;
+  if (timeout != c10d::kUnsetTimeout && timeout.count() > 0) o.timeout = timeout;
+  o.premul_factor = premul_factor;
+  return o;
+}
+
+}  // namespace ringreduce::torch_backend

@@ -1,0 +1,105 @@
+#include "torch_work.h"
+
+#include <c10/util/Exception.h>
+
+namespace ringreduce::torch_backend {
+
+thread_local bool t_completing = false;
+
+WorkRR::WorkRR(int rank, c10d::OpType type, std::vector<at::Tensor> outputs,
+               std::function<void()> after)
+    : Work(rank, type),
+      outputs_(std::move(outputs)),
+      after_(std::move(after)),
+      future_(
+          c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
+}
+
+c10::intrusive_ptr<c10d::Work> WorkRR::launch(c10::intrusive_ptr<WorkRR> self,
+                                              std::vector<rr::Work> ops,
+                                              std::vector<at::Tensor> keep) {
+  self->ops_ = std::move(ops);
+  self->keep_ = std::move(keep);
+  self->pending_.store(self->ops_.size());
+  if (self->ops_.empty()) {
+    self->complete(nullptr);
+    return self;
+  }
+  // Each op's callback holds the Work: it completes even if nobody keeps the handle.
+  for (auto& op : self->ops_) op.then([self](std::exception_ptr e) { self->one_done(e); });
+  return self;
+}
+
+c10::intrusive_ptr<c10d::Work> WorkRR::done(c10::intrusive_ptr<WorkRR> self,
+                                            std::exception_ptr error) {
+  self->complete(error);
+  return self;
+}
+
+void WorkRR::one_done(std::exception_ptr e) {
+  if (e) {
+    std::lock_guard<std::mutex> lk(first_error_mu_);
+    if (!first_error_) first_error_ = e;
+  }
+  if (pending_.fetch_sub(1) != 1) return;
+  std::exception_ptr first;
+  {
+    std::lock_guard<std::mutex> lk(first_error_mu_);
+    first = first_error_;
+  }
+  complete(first);
+}
+
+int WorkRR::sourceRank() const {
+  for (const auto& op : ops_)
+    if (op.source() >= 0) return op.source();
+  return -1;
+}
+
+bool WorkRR::wait(std::chrono::milliseconds timeout) {
+  // In a Future callback this thread may be the one that has to run the op: waiting would hang.
+  TORCH_CHECK(!t_completing || isCompleted(), "ringreduce: rank ", rank_, ": ",
+              c10d::opTypeToString(opType_),
+              ": wait() inside a Future callback would wait for itself; chain with then()");
+  // Drive the ops in this thread if nobody else is (saves waking the progress thread); their
+  // errors, if any, arrive through complete().
+  for (auto& op : ops_) {
+    try {
+      if (timeout == kNoTimeout)
+        op.wait();
+      else
+        op.wait(timeout);
+    } catch (...) {
+    }
+  }
+  std::unique_lock<std::mutex> lk(mutex_);
+  if (timeout == kNoTimeout) {
+    cv_.wait(lk, [&] { return completed_; });
+  } else if (!cv_.wait_for(lk, timeout, [&] { return completed_; })) {
+    TORCH_CHECK(false, "ringreduce: rank ", rank_, ": ", c10d::opTypeToString(opType_),
+                ": wait timed out after ", timeout.count(), " ms");
+  }
+  if (exception_) std::rethrow_exception(exception_);
+  return true;
+}
+
+void WorkRR::complete(std::exception_ptr e) {
+  if (!e && after_) {
+    try {
+      after_();
+    } catch (...) {
+      e = std::current_exception();
+    }
+  }
+  keep_.clear();
+  finish(e);
+  const bool outer = t_completing;
+  t_completing = true;
+  if (e)
+    future_->setError(e);
+  else
+    future_->markCompleted(c10::IValue(outputs_));
+  t_completing = outer;
+}
+
+}  // namespace ringreduce::torch_backend

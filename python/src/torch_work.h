@@ -1,0 +1,91 @@
+// What the torch backend (torch_backend.cc) shares between its calls: torch's store as a
+// ringreduce Store, and the torch Work that completes from ringreduce's ops. The same for torch
+// 1.13's ProcessGroup and torch 2.x's Backend: their Work and Store classes are the same.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ringreduce/ringreduce.hpp"
+
+namespace ringreduce::torch_backend {
+
+namespace rr = ringreduce;
+
+// torch's store (the prefix store init_process_group made for this group) as a ringreduce Store:
+// the communicator's rendezvous and stall reports go through it.
+class TorchStore : public rr::Store {
+ public:
+  explicit TorchStore(c10::intrusive_ptr<c10d::Store> s) : s_(std::move(s)) {}
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    s_->set(key, value);
+  }
+  std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override {
+    wait({key}, timeout);
+    return s_->get(key);
+  }
+  int64_t add(const std::string& key, int64_t delta) override { return s_->add(key, delta); }
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    try {
+      s_->wait(keys, timeout);
+    } catch (const std::exception& e) {
+      std::string names;
+      for (const auto& k : keys) names += (names.empty() ? "" : ", ") + k;
+      throw rr::TimeoutError("torch store: waiting for " + names + ": " + e.what());
+    }
+  }
+  bool check(const std::vector<std::string>& keys) override { return s_->check(keys); }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> s_;
+};
+
+// Set while this thread completes a Work (runs its Future's callbacks). Such a callback may issue
+// the next collective (PowerSGD's hook does); it runs in the thread that finished the op, which
+// may be ringreduce's progress thread still driving the queue, where a blocking call would wait
+// for itself. So collectives issued from there always go async.
+extern thread_local bool t_completing;
+
+// A torch Work over one or more ringreduce Works (coalesced calls run several), done when all
+// are. `after` runs once they have succeeded, before the Work and its Future complete (copying
+// results out of staging buffers).
+class WorkRR : public c10d::Work {
+ public:
+  WorkRR(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, std::function<void()> after);
+
+  // Starts watching the ops; `keep` holds tensors (staging buffers) they use until they complete.
+  static c10::intrusive_ptr<c10d::Work> launch(c10::intrusive_ptr<WorkRR> self,
+                                               std::vector<rr::Work> ops,
+                                               std::vector<at::Tensor> keep);
+  // A Work for what already ran in the calling thread (error: how it ended).
+  static c10::intrusive_ptr<c10d::Work> done(c10::intrusive_ptr<WorkRR> self,
+                                             std::exception_ptr error);
+
+  bool wait(std::chrono::milliseconds timeout) override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  // A receive from any source: the sender (torch's irecv without src).
+  int sourceRank() const override;
+
+ private:
+  void one_done(std::exception_ptr e);
+  void complete(std::exception_ptr e);
+
+  std::vector<rr::Work> ops_;
+  std::atomic<size_t> pending_{0};
+  std::mutex first_error_mu_;
+  std::exception_ptr first_error_;
+  std::vector<at::Tensor> outputs_;
+  std::vector<at::Tensor> keep_;
+  std::function<void()> after_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+}  // namespace ringreduce::torch_backend
