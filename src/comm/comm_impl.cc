@@ -530,7 +530,16 @@ void fire_callback(OpState& op) {
 void CommImpl::progress_loop() {
   std::unique_lock<std::mutex> lk(mu_);
   while (!stop_) {
-    if (!driving_ && (queue_.empty() ? p2p_async_ > 0 : queue_.front()->async)) {
+    const bool queued_async = !queue_.empty() && queue_.front()->async;
+    const bool p2p_only = queue_.empty() && p2p_async_ > 0;
+    if (!driving_ && p2p_only && core::Clock::now() < p2p_async_since_ + kP2pGrace) {
+      // Sends and receives were sent on their way when submitted; their caller usually waits
+      // for them right away and then drives them itself. Taking them over now would cost a
+      // thread hand-off per message (tens of µs here, and ranks' threads outnumber the cores).
+      progress_cv_.wait_until(lk, p2p_async_since_ + kP2pGrace);
+      continue;
+    }
+    if (!driving_ && (queued_async || p2p_only)) {
       driving_ = true;
       lk.unlock();
       drive(nullptr);

@@ -192,6 +192,10 @@ class CommImpl {
   // mu_); how many of them are async (the progress thread drives those).
   std::map<OpState*, std::shared_ptr<OpState>> p2p_ops_;
   size_t p2p_async_ = 0;
+  // When the async ones pending began to be (p2p_async_ went above 0): the progress thread takes
+  // them over kP2pGrace after, if nobody has waited for them by then.
+  core::Clock::time_point p2p_async_since_{};
+  static constexpr auto kP2pGrace = std::chrono::microseconds(200);
   uint64_t next_seq_ = 1;
   bool driving_ = false;
   bool stop_ = false;

@@ -45,21 +45,34 @@ std::shared_ptr<OpState> CommImpl::submit_p2p(const P2pArgs& a, const CallOption
   if (a.peer == rank_) return bad("a rank cannot send to or receive from itself");
   if (r.bytes > 0 && a.buf == nullptr) return bad("the buffer is null");
   r.deadline = core::Deadline::after(op->timeout);
+  bool inject = false;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (aborted_.load()) return reject(abort_error_);
     p2p_ops_[op.get()] = op;
     if (async) {
-      ++p2p_async_;
+      if (p2p_async_++ == 0) p2p_async_since_ = core::Clock::now();
       if (!progress_thread_.joinable()) progress_thread_ = std::thread([this] { progress_loop(); });
-      if (!driving_) progress_cv_.notify_one();
     }
+    // Nobody drives: this thread does, for one pass, so that the message leaves now (an eager
+    // one is in the lane when this returns) whoever drives it later; releasing the driver role
+    // then wakes the progress thread if the op is still pending.
+    if (!driving_) inject = driving_ = true;
   }
-  if (!transport_->p2p().submit(&r)) {
+  const bool taken = transport_->p2p().submit(&r);
+  if (inject) {
+    try {
+      transport_->poll_all(false);
+    } catch (...) {
+      fail_communicator(std::current_exception(), [] { return std::string(); });
+    }
+    std::lock_guard<std::mutex> lk(mu_);
+    release_driver();
+  }
+  if (!taken) {
     // The communicator failed between the check above and here.
     std::lock_guard<std::mutex> lk(mu_);
-    p2p_ops_.erase(op.get());
-    if (async) --p2p_async_;
+    if (p2p_ops_.erase(op.get()) > 0 && async) --p2p_async_;
     return reject(abort_error_);
   }
   return op;
