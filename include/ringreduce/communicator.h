@@ -92,6 +92,10 @@ class Communicator {
   bool valid() const { return impl_ != nullptr; }
   int rank() const;
   int size() const;
+  // How many collectives this rank has issued on this communicator (sends and receives do not
+  // count). Ranks that are in step agree on it: a debugging aid for calls that diverge (torch's
+  // _get_sequence_number_for_group).
+  uint64_t sequence_number() const;
   // Collective: every rank calls it (in the same order as its other collectives). Ranks passing
   // the same color form a new communicator, ranked by key (ties: by rank here), through this
   // one's store (MPI_Comm_split, ncclCommSplit); a rank passing kNoColor gets an empty one. The

@@ -404,6 +404,12 @@ class RingreduceGroup : public Base {
   // the others. Over ringreduce's sends and receives, on a tag of its own.
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
 
+  // Sequence numbers agree by construction: every rank counts the collectives it issued.
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override {
+    return comm_->sequence_number();
+  }
+
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
     const Call c{rank_, "send"};
     at::Tensor& user = single(tensors, c);

@@ -90,6 +90,10 @@ class CommImpl {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  uint64_t sequence_number() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return next_seq_ - 1;
+  }
 
   std::shared_ptr<OpState> submit(const algorithms::Args& args, const CallOptions& call,
                                   bool async);

@@ -86,6 +86,9 @@ Communicator Communicator::split(int color, int key) {
 int Communicator::rank() const {
   return impl().rank();
 }
+uint64_t Communicator::sequence_number() const {
+  return impl().sequence_number();
+}
 int Communicator::size() const {
   return impl().size();
 }

@@ -491,6 +491,21 @@ checks += 1
 if not torch.equal(small, torch.full((10,), float(N))):
     fail("collective from a future callback", str(small))
 
+# The sequence number of the group (torch's desync debugging) agrees on every rank; the monitored
+# barrier (torch's Python wrapper allows it for gloo only; the group's own method works).
+pg = dist.distributed_c10d._get_default_group()
+seq = torch.tensor([pg._get_sequence_number_for_group()], dtype=torch.int64)
+seqs = [torch.zeros(1, dtype=torch.int64) for _ in range(N)]
+dist.all_gather(seqs, seq)
+checks += 1
+if len({int(t) for t in seqs}) != 1 or int(seq) == 0:
+    fail("sequence numbers", str(seqs))
+try:
+    pg.monitored_barrier()
+    checks += 1
+except Exception as e:  # noqa: BLE001
+    fail("monitored_barrier through the group", f"{type(e).__name__}: {e}")
+
 # ---- errors name the call and the ranks, on every rank --------------------------------------------
 # Blocks are whole rows: a dim 0 that does not divide over the ranks is refused, not split mid-row.
 try:
