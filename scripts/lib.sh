@@ -7,7 +7,7 @@ BUILD=${BUILD:-$ROOT/build}
 # Debian packages the build and the tests need. Only the missing ones are installed.
 RR_PACKAGES=(cmake ninja-build g++ pkg-config python3 libgtest-dev libgmock-dev libbenchmark-dev
              openmpi-bin libopenmpi-dev iproute2 procps libssl-dev clang libclang-rt-14-dev
-             nftables
+             nftables debootstrap
              # the Python module, the torch backend and its tests (Debian's interpreter)
              python3-dev pybind11-dev python3-numpy python3-pytest python3-torch libtorch-dev
              python3-sklearn)

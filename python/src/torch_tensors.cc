@@ -116,6 +116,18 @@ std::vector<size_t> counts_of(const std::vector<at::Tensor>& list) {
   return v;
 }
 
+// The factor of a PREMUL_SUM: a double, or a one-element tensor (torch 1.13 keeps a list of
+// them, 2.x one tensor; a template so that only the member this torch has is named).
+template <class Supplement>
+double premul_factor(const Supplement& s) {
+  if constexpr (requires { s.tensor_factor; }) {
+    if (s.tensor_factor.defined()) return s.tensor_factor.template item<double>();
+  } else {
+    if (!s.tensor_factors.empty()) return s.tensor_factors[0].template item<double>();
+  }
+  return s.double_factor;
+}
+
 Reduction reduction(const c10d::ReduceOp& op, const Call& c) {
   switch (static_cast<c10d::ReduceOp::RedOpType>(op)) {
     case c10d::ReduceOp::SUM:
@@ -138,9 +150,7 @@ Reduction reduction(const c10d::ReduceOp& op, const Call& c) {
       // torch.distributed._make_nccl_premul_sum(factor): a float, or a one-element tensor.
       const auto* s = dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
       check(s != nullptr, c, "PREMUL_SUM without its factor");
-      if (!s->tensor_factors.empty())
-        return {rr::ReduceOp::premul_sum, s->tensor_factors[0].item<double>()};
-      return {rr::ReduceOp::premul_sum, s->double_factor};
+      return {rr::ReduceOp::premul_sum, premul_factor(*s)};
     }
     default:
       fail(c, "reduce op " + std::to_string(static_cast<int>(op.op_)) + " is not supported");

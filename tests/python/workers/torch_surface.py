@@ -493,8 +493,11 @@ if not torch.equal(small, torch.full((10,), float(N))):
 
 # The sequence number of the group (torch's desync debugging) agrees on every rank; the monitored
 # barrier (torch's Python wrapper allows it for gloo only; the group's own method works).
+# On torch 2.x the ProcessGroup wrapper answers for gloo, nccl and ucc only ("ProcessGroup custom
+# does not yet support sequence numbers"): the backend under it is asked.
 pg = dist.distributed_c10d._get_default_group()
-seq = torch.tensor([pg._get_sequence_number_for_group()], dtype=torch.int64)
+seq_of = pg._get_backend(torch.device("cpu")) if TORCH2 else pg
+seq = torch.tensor([seq_of._get_sequence_number_for_group()], dtype=torch.int64)
 seqs = [torch.zeros(1, dtype=torch.int64) for _ in range(N)]
 dist.all_gather(seqs, seq)
 checks += 1
