@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# torch.distributed.all_reduce, backend ringreduce vs gloo, in the same run on this host:
-# for each N, ROUNDS interleaved rounds run bench/torch_allreduce.py once per backend (the order
-# alternates per round) under ringrun -n N (rank r pinned to core r mod ncores, one torch thread
-# per rank). Prints a markdown table of the best time per size over the rounds for each backend
-# and the ratio gloo/ringreduce; raw outputs go to OUTDIR.
+# torch.distributed.all_reduce (-t allreduce) or send/recv ping-pong (-t p2p), backend ringreduce
+# vs gloo, in the same run on this host: for each N, ROUNDS interleaved rounds run
+# bench/torch_allreduce.py or bench/torch_p2p.py once per backend (the order alternates per round)
+# under ringrun -n N (rank r pinned to core r mod ncores, one torch thread per rank). Prints a
+# markdown table of the best time per size over the rounds for each backend, the spread of the
+# rounds (slowest/best - 1, the worse backend's) and the ratio gloo/ringreduce; raw outputs go to
+# OUTDIR. PYTHON picks the interpreter (default /usr/bin/python3; another torch: see scripts/torch2).
 #
-# usage: bench/torch_compare.sh [-o OUTDIR] [-N "2 4"] [-r ROUNDS] [-b MIN] [-e MAX] [-f FACTOR]
-#   Defaults: -N "2 4" -r 3 -b 4 -e 256M -f 4. Every run is bounded by ringrun --timeout.
+# usage: bench/torch_compare.sh [-t allreduce|p2p] [-o OUTDIR] [-N "2 4"] [-r ROUNDS] [-b MIN]
+#                               [-e MAX] [-f FACTOR]
+#   Defaults: -t allreduce -N "2 4" -r 3 -b 4 -e 256M (p2p: 64M) -f 4. Every run is bounded by
+#   ringrun --timeout.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${BUILD:-$ROOT/build}
@@ -14,10 +18,13 @@ OUT=/tmp/torch_compare-$(date +%Y%m%d-%H%M%S)
 NS="2 4"
 ROUNDS=3
 MIN=4
-MAX=256M
+MAX=""
 FACTOR=4
+TEST=allreduce
+PY=${PYTHON:-/usr/bin/python3}
 while [ $# -gt 0 ]; do
   case $1 in
+    -t) TEST=$2; shift 2 ;;
     -o) OUT=$2; shift 2 ;;
     -N) NS=$2; shift 2 ;;
     -r) ROUNDS=$2; shift 2 ;;
@@ -27,6 +34,11 @@ while [ $# -gt 0 ]; do
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
+case $TEST in
+  allreduce) SCRIPT=torch_allreduce.py; MAX=${MAX:-256M} ;;
+  p2p) SCRIPT=torch_p2p.py; MAX=${MAX:-64M} ;;
+  *) echo "unknown test $TEST (allreduce or p2p)" >&2; exit 2 ;;
+esac
 mkdir -p "$OUT"
 export PYTHONPATH=$BUILD/python${PYTHONPATH:+:$PYTHONPATH}
 for n in $NS; do
@@ -35,32 +47,41 @@ for n in $NS; do
     [ $((round % 2)) -eq 0 ] && order="gloo ringreduce"
     for b in $order; do
       echo "== N=$n round $round $b" >&2
-      "$BUILD/tools/ringrun" -n "$n" --timeout 900 /usr/bin/python3 \
-        "$ROOT/bench/torch_allreduce.py" --backend "$b" -b "$MIN" -e "$MAX" -f "$FACTOR" \
+      "$BUILD/tools/ringrun" -n "$n" --timeout 900 "$PY" \
+        "$ROOT/bench/$SCRIPT" --backend "$b" -b "$MIN" -e "$MAX" -f "$FACTOR" \
         > "$OUT/n${n}_r${round}_$b.txt" 2>&1 || { echo "run failed: $OUT/n${n}_r${round}_$b.txt" >&2; exit 1; }
     done
   done
 done
-/usr/bin/python3 - "$OUT" $NS <<'PY'
+# shellcheck disable=SC2086  # NS: one argument per N
+"$PY" - "$TEST" "$OUT" $NS <<'PY'
 import glob, os, sys
-out, ns = sys.argv[1], sys.argv[2:]
+test, out, ns = sys.argv[1], sys.argv[2], sys.argv[3:]
+what = "busbw" if test == "allreduce" else "bw"
 for n in ns:
-    best = {}
+    times = {}  # (backend, size) -> [time per round]
+    bw = {}
     for b in ("ringreduce", "gloo"):
-        for f in glob.glob(os.path.join(out, f"n{n}_r*_{b}.txt")):
+        for f in sorted(glob.glob(os.path.join(out, f"n{n}_r*_{b}.txt"))):
             for line in open(f):
                 parts = line.split()
-                if len(parts) == 9 and parts[0] == "[0]" and parts[1].isdigit():
-                    size, t, busbw = int(parts[1]), float(parts[5]), float(parts[7])
-                    k = (b, size)
-                    if k not in best or t < best[k][0]:
-                        best[k] = (t, busbw)
-    sizes = sorted({s for (_, s) in best})
-    print(f"\nN={n} (best of the rounds; time in us, busbw in GB/s)\n")
-    print("| size | ringreduce time | gloo time | ringreduce busbw | gloo busbw | gloo/ringreduce |")
-    print("|---:|---:|---:|---:|---:|---:|")
+                # all_reduce rows: [0] size count type redop time algbw busbw #wrong;
+                # ping-pong rows: [0] size time bw #wrong
+                if len(parts) in (9, 5) and parts[0] == "[0]" and parts[1].isdigit():
+                    size = int(parts[1])
+                    t, b_ = (float(parts[5]), float(parts[7])) if len(parts) == 9 else \
+                        (float(parts[2]), float(parts[3]))
+                    times.setdefault((b, size), []).append(t)
+                    if t == min(times[(b, size)]):
+                        bw[(b, size)] = b_
+    sizes = sorted({s for (_, s) in times})
+    print(f"\nN={n} (best of the rounds; time in us, {what} in GB/s; spread: slowest round / best - 1)\n")
+    print(f"| size | ringreduce time | gloo time | ringreduce {what} | gloo {what} | spread | gloo/ringreduce |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     for s in sizes:
-        r, g = best.get(("ringreduce", s)), best.get(("gloo", s))
+        r, g = times.get(("ringreduce", s)), times.get(("gloo", s))
         if r and g:
-            print(f"| {s} | {r[0]:.1f} | {g[0]:.1f} | {r[1]:.3f} | {g[1]:.3f} | {g[0] / r[0]:.2f}x |")
+            spread = max(max(r) / min(r), max(g) / min(g)) - 1
+            print(f"| {s} | {min(r):.1f} | {min(g):.1f} | {bw[('ringreduce', s)]:.3f} | "
+                  f"{bw[('gloo', s)]:.3f} | {spread * 100:.0f}% | {min(g) / min(r):.2f}x |")
 PY

@@ -1,5 +1,6 @@
 #include "comm/comm_impl.h"
 
+#include <cstdio>
 #include <cstring>
 #include <sstream>
 #include <thread>
@@ -102,7 +103,19 @@ std::string CommImpl::describe(const transport::OpTag& t) const {
   std::ostringstream s;
   s << (f ? f->name : "op") << " #" << t.seq;
   if (!f || f->send_blocks != algorithms::Blocks::none) {
-    s << " (" << dtype_name(static_cast<DataType>(t.dtype)) << " x " << t.count;
+    s << " (" << dtype_name(static_cast<DataType>(t.dtype));
+    // The "v" collectives: alltoallv's tag carries no count (each rank's counts are its own);
+    // allgatherv's and reduce_scatterv's carry their total and a digest of the blocks, shown
+    // short so that two calls that split the same total differently read differently.
+    const bool uneven = f && (f->send_blocks == algorithms::Blocks::all_blocks ||
+                              f->recv_blocks == algorithms::Blocks::all_blocks);
+    if (!uneven || t.count > 0) s << " x " << t.count;
+    if (uneven) s << " in uneven blocks";
+    if (uneven && t.reserved2 != 0) {
+      char digest[8];
+      std::snprintf(digest, sizeof digest, "%04x", static_cast<unsigned>(t.reserved2 & 0xffff));
+      s << ", counts #" << digest;
+    }
     if (f && f->has_op) s << ", " << op_name(static_cast<ReduceOp>(t.op));
     if (f && f->has_root) s << ", root " << t.root;
     s << ")";

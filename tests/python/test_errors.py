@@ -52,3 +52,17 @@ def test_mismatch_through_torch_distributed_raises_on_every_rank():
     for rank, line in raised(lines).items():
         assert line.startswith("RAISED ringreduce.MismatchError "), line
         assert "mismatched call" in line and f"rank {rank}: allreduce #2" in line, line  # after a barrier
+
+
+def test_size_mismatch_of_a_send_through_torch_raises_on_every_rank():
+    pytest.importorskip("torch")
+    if not have_module("_torch_backend"):
+        pytest.skip("the torch backend was not built")
+    _, lines, _ = launch(N, "errors.py", "torch_p2p_size")
+    assert sorted(raised(lines)) == list(range(N))
+    for rank, line in raised(lines).items():
+        assert line.startswith("RAISED ringreduce.MismatchError "), line
+        # rank 1 raises it; the others hear it from rank 1 at the barrier (rank 0 may already
+        # have returned from its eager send)
+        assert "rank 1: recv from rank 0 (tag 3, 800 bytes): rank 0 sent 400 bytes" in line, line
+        assert line.split(" peer=")[1].split(" ", 1)[1].startswith(f"rank {rank}: "), line

@@ -5,6 +5,7 @@ the error it got (or "NO ERROR"), and the test checks every rank's line.
   bad_root        broadcast from a root that is not a rank (caught before anything is sent)
   dead_peer       rank 1 exits without joining the allreduce; the others wait
   torch_mismatch  the same as mismatch through torch.distributed with backend "ringreduce"
+  torch_p2p_size  rank 0 sends rank 1 100 floats where rank 1 receives 200 (then all barrier)
 """
 
 import os
@@ -39,6 +40,16 @@ if case.startswith("torch"):
     dist.barrier()
     if case == "torch_mismatch":
         report(lambda: dist.all_reduce(torch.zeros(100 + (R == 1))))
+    elif case == "torch_p2p_size":
+
+        def exchange():
+            if R == 0:
+                dist.send(torch.zeros(100), 1, tag=3)
+            elif R == 1:
+                dist.recv(torch.zeros(200), 0, tag=3)
+            dist.barrier()  # how the ranks that took no part learn of it
+
+        report(exchange)
     sys.stdout.flush()
     os._exit(0)  # the group is failed; skip its teardown
 
