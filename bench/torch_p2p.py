@@ -9,46 +9,15 @@ round trip, mean of the fastest of --reps timed batches), the bandwidth (GB/s: s
 time) and #wrong (elements of the last message off what was sent).
 """
 
-import argparse
-import os
 import sys
 import time
 
-try:
-    import torch
-except ImportError:  # pyenv's python3 first on PATH: Debian's torch is the system interpreter's
-    if os.path.exists("/usr/bin/python3") and sys.executable != "/usr/bin/python3":
-        os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
-    raise
+from torch_bench import parse_size, start  # first: it finds the interpreter that has torch
+
+import torch
 import torch.distributed as dist
 
-
-def parse_size(s):
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(s[:-1]) * mult[s[-1].upper()] if s[-1].upper() in mult else int(s)
-
-
-ap = argparse.ArgumentParser()
-ap.add_argument("--backend", default="ringreduce")
-ap.add_argument("-b", "--minbytes", default="4")
-ap.add_argument("-e", "--maxbytes", default="64M")
-ap.add_argument("-f", "--stepfactor", type=int, default=4)
-ap.add_argument("--reps", type=int, default=3, help="timed batches per size; the best is kept")
-ap.add_argument("--budget", type=float, default=0.15, help="seconds per timed batch (about)")
-args = ap.parse_args()
-
-if args.backend == "ringreduce":
-    try:
-        import ringreduce.torch  # noqa: F401
-    except ImportError:
-        here = os.path.dirname(os.path.abspath(__file__))
-        sys.path.insert(0, os.path.join(os.environ.get("RINGREDUCE_BUILD",
-                                                       os.path.join(here, "..", "build")), "python"))
-        import ringreduce.torch  # noqa: F401
-
-torch.set_num_threads(1)
-dist.init_process_group(args.backend)
-R, N = dist.get_rank(), dist.get_world_size()
+args, R, N = start(default_max="64M")
 if N % 2:
     sys.exit("torch_p2p.py: ranks pair up: run an even number of them")
 peer = R ^ 1

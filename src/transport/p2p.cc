@@ -124,6 +124,15 @@ void P2p::send_header(Lane& lane, uint32_t type, uint64_t tag, uint64_t bytes, u
   if (payload != nullptr && bytes > 0) lane.link->send(payload, bytes, &placed.c);
 }
 
+void P2p::receive_payload(Lane& lane, P2pRequest* r, uint64_t bytes) {
+  auto m = std::make_unique<Moving>();
+  m->r = r;
+  m->peer = lane.peer;
+  Moving& placed = *m;
+  moving_.push_back(std::move(m));
+  lane.link->recv(r->buf, bytes, &placed.c);
+}
+
 void P2p::size_mismatch(const P2pRequest& r, int src, uint64_t bytes) {
   throw MismatchError(r.describe(rank_) + ": rank " + std::to_string(src) + " sent " +
                       std::to_string(bytes) + " bytes with this tag (sends and receives must " +
@@ -157,12 +166,7 @@ void P2p::on_header(Lane& lane) {
         if (h.bytes == 0) {
           finish(r);
         } else {
-          auto m = std::make_unique<Moving>();
-          m->r = r;
-          m->peer = src;
-          Moving& placed = *m;
-          moving_.push_back(std::move(m));
-          lane.link->recv(r->buf, h.bytes, &placed.c);
+          receive_payload(lane, r, h.bytes);
         }
       } else {
         auto a = std::make_unique<Arrived>();
@@ -212,12 +216,7 @@ void P2p::on_header(Lane& lane) {
                         src);
       P2pRequest* r = it->second;
       await_data_.erase(it);
-      auto m = std::make_unique<Moving>();
-      m->r = r;
-      m->peer = src;
-      Moving& placed = *m;
-      moving_.push_back(std::move(m));
-      lane.link->recv(r->buf, h.bytes, &placed.c);
+      receive_payload(lane, r, h.bytes);
       break;
     }
   }

@@ -97,6 +97,8 @@ class P2p {
   void on_header(Lane& lane);
   void send_header(Lane& lane, uint32_t type, uint64_t tag, uint64_t bytes, uint64_t id,
                    P2pRequest* completes, const void* payload);
+  // The payload of a matched message from lane's peer, straight into r's buffer.
+  void receive_payload(Lane& lane, P2pRequest* r, uint64_t bytes);
   void post_request(P2pRequest* r);
   void match_recv(P2pRequest* r, Arrived& a);
   // The first posted receive that takes a message from src with tag (checking its size), or null.

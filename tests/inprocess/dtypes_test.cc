@@ -9,15 +9,7 @@ namespace {
 
 using ringreduce::Communicator;
 
-class Dtypes : public ::testing::TestWithParam<std::string> {
- protected:
-  std::map<std::string, std::string> transport() const {
-    std::map<std::string, std::string> s;
-    if (GetParam() == "tcp") s["RINGREDUCE_SHM"] = "0";
-    if (GetParam() == "mix") s["TEST_HOSTS"] = "2";
-    return s;
-  }
-};
+class Dtypes : public OverEachTransport {};
 
 // (dtype, op) pairs: int16 and bool with all their ops, bitwise ops on every integer type.
 std::vector<std::pair<DataType, ReduceOp>> new_pairs() {

@@ -20,15 +20,7 @@ using ringreduce::Work;
 constexpr int kAny = Communicator::kAnySource;
 
 // Each test runs over shared memory, TCP and two emulated hosts.
-class P2p : public ::testing::TestWithParam<std::string> {
- protected:
-  std::map<std::string, std::string> transport() const {
-    std::map<std::string, std::string> s;
-    if (GetParam() == "tcp") s["RINGREDUCE_SHM"] = "0";
-    if (GetParam() == "mix") s["TEST_HOSTS"] = "2";
-    return s;
-  }
-};
+class P2p : public OverEachTransport {};
 
 // The payload of message `k` from rank `from`: every element tells where it came from.
 std::vector<int32_t> payload(int from, int to, int k, size_t n) {

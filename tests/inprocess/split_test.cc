@@ -10,15 +10,7 @@ namespace {
 
 using ringreduce::Communicator;
 
-class Split : public ::testing::TestWithParam<std::string> {
- protected:
-  std::map<std::string, std::string> transport() const {
-    std::map<std::string, std::string> s;
-    if (GetParam() == "tcp") s["RINGREDUCE_SHM"] = "0";
-    if (GetParam() == "mix") s["TEST_HOSTS"] = "2";
-    return s;
-  }
-};
+class Split : public OverEachTransport {};
 
 TEST_P(Split, GroupsByColorRankedByKeyInterleavedWithTheParent) {
   const int n = 5;

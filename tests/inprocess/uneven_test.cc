@@ -11,14 +11,8 @@ namespace {
 
 using ringreduce::Communicator;
 
-class Uneven : public ::testing::TestWithParam<std::string> {
+class Uneven : public OverEachTransport {
  protected:
-  std::map<std::string, std::string> transport() const {
-    std::map<std::string, std::string> s;
-    if (GetParam() == "tcp") s["RINGREDUCE_SHM"] = "0";
-    if (GetParam() == "mix") s["TEST_HOSTS"] = "2";
-    return s;
-  }
   std::vector<int> sizes() const {
     return GetParam() == "mix" ? std::vector<int>{2, 3, 5} : std::vector<int>{1, 2, 3, 5};
   }

@@ -6,6 +6,7 @@ checks what the ranks printed. The build is <repo>/build unless RINGREDUCE_BUILD
 """
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,13 +24,29 @@ def have_module(name):
     return any((PYDIR / "ringreduce").rglob(name + ".*.so")) if PYDIR.exists() else False
 
 
+def rank_env():
+    """The environment of a rank: the build's package first on PYTHONPATH, its location in
+    RINGREDUCE_BUILD (for the examples), a 60 s timeout unless one is set."""
+    e = dict(os.environ)
+    e["PYTHONPATH"] = str(PYDIR) + os.pathsep + e.get("PYTHONPATH", "")
+    e["RINGREDUCE_BUILD"] = str(BUILD)
+    e.setdefault("RINGREDUCE_TIMEOUT", "60")
+    return e
+
+
+def final_values(out, rank):
+    """The key=value pairs of the examples' last line, "final: k=v ...", as rank `rank` printed
+    it (under ringrun, with its "[rank] " prefix; alone, without)."""
+    m = re.search(rf"^(?:\[{rank}\] )?final: (.*)$", out, re.M)
+    assert m, f"no 'final:' line in the output:\n{out[-4000:]}"
+    return dict(kv.split("=", 1) for kv in m.group(1).split())
+
+
 def launch(n, worker, *args, timeout=120, env=None, expect_ok=True):
     """Runs `ringrun -n n python worker args`; returns (returncode, {rank: [lines]})."""
     if not RINGRUN.exists() or not have_module("_ringreduce"):
         pytest.skip(f"ringreduce not built in {BUILD} (run scripts/test or scripts/demo)")
-    e = dict(os.environ)
-    e["PYTHONPATH"] = str(PYDIR) + os.pathsep + e.get("PYTHONPATH", "")
-    e.setdefault("RINGREDUCE_TIMEOUT", "60")
+    e = rank_env()
     if env:
         e.update(env)
     cmd = [str(RINGRUN), "-n", str(n), "--timeout", str(timeout), sys.executable,

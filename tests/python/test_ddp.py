@@ -7,14 +7,12 @@ shared by the equivalence and the accuracy tests, to keep this file fast: each r
 Python process importing torch, which takes a couple of seconds on a small machine.
 """
 
-import os
-import re
 import subprocess
 import sys
 
 import pytest
 
-from conftest import BUILD, PYDIR, REPO, RINGRUN, have_module
+from conftest import BUILD, PYDIR, REPO, RINGRUN, final_values, have_module, rank_env
 
 np = pytest.importorskip("numpy")
 pytest.importorskip("torch")
@@ -26,20 +24,6 @@ SCHEDULE = ["--epochs", "3", "--steps", "60", "--batch", "64", "--quiet"]
 STEPS = 60
 TIMEOUT = 120  # ringrun's own guard; subprocess's (which kills ringrun) is a little later
 RTOL, ATOL = 1e-4, 1e-5
-
-
-def _env():
-    e = dict(os.environ)
-    e["PYTHONPATH"] = str(PYDIR) + os.pathsep + e.get("PYTHONPATH", "")
-    e["RINGREDUCE_BUILD"] = str(BUILD)
-    e.setdefault("RINGREDUCE_TIMEOUT", "60")
-    return e
-
-
-def _final(out):
-    m = re.search(r"^(?:\[0\] )?final: (.*)$", out, re.M)
-    assert m, f"no 'final:' line in the output:\n{out[-4000:]}"
-    return dict(kv.split("=", 1) for kv in m.group(1).split())
 
 
 class Runs:
@@ -68,7 +52,7 @@ class Runs:
                 pytest.skip(f"the ringreduce torch backend is not built in {PYDIR}")
             cmd = [str(RINGRUN), "-n", str(n), "--timeout", str(TIMEOUT), *args,
                    "--backend", backend]
-        env = _env()
+        env = rank_env()
         if backend is None:
             env.pop("WORLD_SIZE", None)  # WORLD_SIZE set means "join a process group"
         try:
@@ -78,7 +62,7 @@ class Runs:
             out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout
             pytest.fail(f"{' '.join(cmd)} timed out after {e.timeout}s:\n{(out or '')[-4000:]}")
         assert p.returncode == 0, f"{' '.join(cmd)} exited {p.returncode}:\n{p.stdout[-6000:]}"
-        final = _final(p.stdout)
+        final = final_values(p.stdout, 0)
         assert final["ranks"] == str(n) and final["steps"] == str(STEPS), p.stdout[-2000:]
         assert save.exists(), f"{save} was not written:\n{p.stdout[-2000:]}"
         return final, np.load(save)

@@ -18,14 +18,12 @@ them). A program that raises stops the job; the programs after it run in a new j
 test reports its own program. Runs on torch 1.13 here and on torch 2.x in scripts/torch2's root.
 """
 
-import os
-import re
 import subprocess
 import sys
 
 import pytest
 
-from conftest import BUILD, PYDIR, REPO, RINGRUN, have_module, launch
+from conftest import BUILD, REPO, RINGRUN, final_values, have_module, launch, rank_env
 
 np = pytest.importorskip("numpy")
 torch = pytest.importorskip("torch")
@@ -133,20 +131,6 @@ PIPE_TIMEOUT = 120
 RTOL, ATOL = 1e-4, 1e-5
 
 
-def _env():
-    e = dict(os.environ)
-    e["PYTHONPATH"] = str(PYDIR) + os.pathsep + e.get("PYTHONPATH", "")
-    e["RINGREDUCE_BUILD"] = str(BUILD)
-    e.setdefault("RINGREDUCE_TIMEOUT", "60")
-    return e
-
-
-def _final(out):
-    m = re.search(r"^(?:\[1\] )?final: (.*)$", out, re.M)
-    assert m, f"no 'final:' line in the output:\n{out[-4000:]}"
-    return dict(kv.split("=", 1) for kv in m.group(1).split())
-
-
 def _run(cmd, env, timeout):
     try:
         return subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -170,7 +154,7 @@ class PipelineRuns:
     def _run(self, backend):
         save = self.tmp / f"pipeline-{backend or 'none'}.npy"
         args = [sys.executable, str(PIPELINE), *PIPE_SCHEDULE, "--save", str(save)]
-        env = _env()
+        env = rank_env()
         if backend is None:
             cmd = args
             env.pop("WORLD_SIZE", None)  # WORLD_SIZE set means "join a process group"
@@ -181,7 +165,7 @@ class PipelineRuns:
                    "--backend", backend]
         p = _run(cmd, env, PIPE_TIMEOUT + 30)
         assert p.returncode == 0, f"{' '.join(cmd)} exited {p.returncode}:\n{p.stdout[-6000:]}"
-        final = _final(p.stdout)
+        final = final_values(p.stdout, 1)
         assert final["ranks"] == ("2" if backend else "1") and final["steps"] == str(PIPE_STEPS), \
             p.stdout[-2000:]
         assert save.exists(), f"{save} was not written:\n{p.stdout[-2000:]}"
@@ -218,7 +202,7 @@ def test_pipeline_trains_as_well_on_ringreduce_as_on_gloo(pipeline):
 def test_pipeline_refuses_other_world_sizes():
     """Without its 2 ranks it says so and exits, before joining any process group (one process
     stands in for a rank of a 3-rank job: no launcher needed)."""
-    env = _env()
+    env = rank_env()
     env.update(WORLD_SIZE="3", RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
     p = _run([sys.executable, str(PIPELINE), "--quiet"], env, 60)
     assert p.returncode != 0 and "exactly 2 ranks, not 3" in p.stdout, p.stdout[-2000:]

@@ -93,13 +93,22 @@ def params_of(module):
     return {clean(k): v.detach().clone() for k, v in module.named_parameters()}
 
 
-def one_process(model, opt, steps, loss_of):
-    """Trains `model` in this process: loss_of(model, step) is the full-batch loss of a step."""
+def train(model, opt, steps, loss_of):
+    """Trains `model` for `steps` steps; loss_of(model, step) is a step's loss: the full batch's
+    (the one-process reference) or this rank's own batch (a DDP or FSDP model)."""
     for s in range(steps):
         opt.zero_grad(set_to_none=True)
         loss_of(model, s).backward()
         opt.step()
     return params_of(model)
+
+
+def own_batch_ce(prog):
+    """This rank's loss at step s: cross-entropy of its own batch."""
+    def loss(model, step):
+        x, y = batch(prog, step, R)
+        return F.cross_entropy(model(x), y)
+    return loss
 
 
 def diff(a, b):
@@ -148,7 +157,7 @@ def prog_no_sync(group, P="no_sync"):
         return sum(F.cross_entropy(m(x), y) for x, y in
                    (batch(P, s * K + k, r) for r in range(N) for k in range(K))) / (N * K)
     ref = mlp(11)
-    want = one_process(ref, torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9), steps,
+    want = train(ref, torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9), steps,
                        ref_loss)
     check(allclose(got, want), P, lambda: f"{backend_of(group)}: parameters differ from one "
           f"process accumulating the global batch by up to {diff(got, want):.3g}")
@@ -164,14 +173,9 @@ def prog_fp16_hook(group, P="fp16_hook"):
     model = DDP(mlp(12), process_group=group)
     model.register_comm_hook(group, default_hooks.fp16_compress_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    for s in range(steps):
-        opt.zero_grad(set_to_none=True)
-        x, y = batch(P, s, R)
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-    got = params_of(model)
+    got = train(model, opt, steps, own_batch_ce(P))
     ref = mlp(12)
-    want = one_process(ref, torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9), steps,
+    want = train(ref, torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9), steps,
                        full_batch_ce(P, steps))
     # float16 gradients: 2^-11 relative per element, over 8 steps with momentum; a hook that
     # summed instead of averaging, or dropped a rank, is off by far more than 2e-3.
@@ -260,7 +264,7 @@ def prog_find_unused(group, P="find_unused"):
         return sum(F.cross_entropy(m(*((x,) + branches(s, r))), y) for r, (x, y) in
                    ((r, batch(P, s, r)) for r in range(N))) / N
     ref = Branchy(14)
-    want = one_process(ref, torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9), steps,
+    want = train(ref, torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9), steps,
                        ref_loss)
     check(allclose(got, want), P, lambda: f"{backend_of(group)}: parameters differ from one "
           f"process by up to {diff(got, want):.3g}")
@@ -275,15 +279,10 @@ def prog_zero(group, P="zero"):
     model = DDP(mlp(15), process_group=group)
     opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam,
                                   process_group=group, lr=0.01)
-    for s in range(steps):
-        opt.zero_grad(set_to_none=True)
-        x, y = batch(P, s, R)
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-    got = params_of(model)
+    got = train(model, opt, steps, own_batch_ce(P))
     ref = mlp(15)
     ref_opt = torch.optim.Adam(ref.parameters(), lr=0.01)
-    want = one_process(ref, ref_opt, steps, full_batch_ce(P, steps))
+    want = train(ref, ref_opt, steps, full_batch_ce(P, steps))
     check(allclose(got, want), P, lambda: f"{backend_of(group)}: parameters differ from one "
           f"process with Adam by up to {diff(got, want):.3g}")
     opt.consolidate_state_dict(to=0)
@@ -392,15 +391,11 @@ def prog_fsdp(group, P="fsdp"):
     model = FSDP(mlp(18), process_group=group, device_id=torch.device("cpu"),
                  sharding_strategy=ShardingStrategy.FULL_SHARD, use_orig_params=True, **kw)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    for s in range(steps):
-        opt.zero_grad(set_to_none=True)
-        x, y = batch(P, s, R)
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
+    train(model, opt, steps, own_batch_ce(P))
     with FSDP.summon_full_params(model):
         got = params_of(model)
     ref = mlp(18)
-    want = one_process(ref, torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9), steps,
+    want = train(ref, torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9), steps,
                        full_batch_ce(P, steps))
     check(allclose(got, want), P, lambda: f"{backend_of(group)}: parameters differ from one "
           f"process by up to {diff(got, want):.3g}")
