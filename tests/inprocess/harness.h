@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <malloc.h>
 
 #include <algorithm>
 #include <atomic>
@@ -22,6 +23,16 @@
 #include "ringreduce/ringreduce.hpp"
 
 namespace rrtest {
+
+// The tests allocate and free megabyte buffers thousands of times. glibc maps each one afresh
+// above its mmap threshold, and the page faults of touching it again were half of a large
+// matrix test's time; heap memory that is kept is reused without faults. (Sanitizers bring their
+// own allocator and ignore this.)
+inline const bool kBuffersReused = [] {
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  return true;
+}();
 
 using ringreduce::DataType;
 using ringreduce::ReduceOp;
@@ -139,17 +150,18 @@ inline std::vector<int> ranks_in_matrix(std::vector<int> full, std::vector<int> 
 // Whether the (dtype, op) pair runs at this count with n ranks. Small counts run every pair. A
 // large count (the multi-segment, multi-round paths, which dominate the time) runs one op per
 // dtype: dtype i with op (i + shift) mod 5, so every dtype and every op still goes through them.
-//   - Full matrix, N <= 4: every pair, on every transport.
-//   - Full matrix, N >= 5: shift = N. How a large count is cut into chunks, segments, stripes and
-//     rounds depends on N and on the element size, never on the op, and every (dtype, op) kernel
-//     has already run at the large counts with N = 1..4. Each N >= 5 still runs every dtype and
-//     every op at the large counts, and N = 5..9 take the five shifts, so each Matrix test still
-//     runs every pair at a large count at one N >= 5 on each transport, for a fifth of the time
-//     (these N took four fifths of the suite's time).
+//   - Full matrix, N <= 4, `every_pair` (shared memory): every pair. The reduction kernels are
+//     the same whatever the transport, so one transport runs each of them at the large counts.
+//   - Full matrix otherwise: shift = N. How a large count is cut into chunks, segments, stripes
+//     and rounds depends on N and on the element size, never on the op, and every (dtype, op)
+//     kernel has already run at the large counts over shared memory with N = 1..4. Each N still
+//     runs every dtype and every op at the large counts, and the N a transport runs take every
+//     shift (tcp and mix: 2, 3, 4, 5, 6, 8; shm: 5..9), so each Matrix test still runs every
+//     pair at a large count on each transport, for a fifth of the time.
 //   - Small matrix (RR_TEST_MATRIX=small, N <= 4): shift = 0.
-inline bool in_matrix(DataType t, ReduceOp op, bool large, int n) {
+inline bool in_matrix(DataType t, ReduceOp op, bool large, int n, bool every_pair = true) {
   if (!large) return true;
-  if (!small_matrix() && n <= 4) return true;
+  if (!small_matrix() && n <= 4 && every_pair) return true;
   const auto& ts = all_dtypes();
   const auto& ops = all_ops();
   const auto ti = static_cast<size_t>(std::find(ts.begin(), ts.end(), t) - ts.begin());
@@ -157,5 +169,17 @@ inline bool in_matrix(DataType t, ReduceOp op, bool large, int n) {
   const auto shift = small_matrix() ? size_t{0} : static_cast<size_t>(n);
   return (ti + shift) % ops.size() == oi;
 }
+
+// A test run over shared memory, TCP and two emulated hosts: the parameter is "shm", "tcp" or
+// "mix", and transport() the settings run_ranks takes for it.
+class OverEachTransport : public ::testing::TestWithParam<std::string> {
+ protected:
+  std::map<std::string, std::string> transport() const {
+    std::map<std::string, std::string> s;
+    if (GetParam() == "tcp") s["RINGREDUCE_SHM"] = "0";
+    if (GetParam() == "mix") s["TEST_HOSTS"] = "2";
+    return s;
+  }
+};
 
 }  // namespace rrtest
