@@ -3,9 +3,17 @@
 
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
+#include <string>
 #include <utility>
 
 namespace ringreduce::core {
+
+// The text of an errno value (by default the current one), for messages about a failed call.
+inline std::string errno_text(int err = errno) {
+  return std::strerror(err);
+}
 
 class Fd {
  public:

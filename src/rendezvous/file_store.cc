@@ -47,9 +47,7 @@ constexpr std::chrono::seconds kLockTimeout(60);
 constexpr std::chrono::microseconds kPollFirst(500);
 constexpr std::chrono::milliseconds kPollMax(50);
 
-std::string errno_text(int err) {
-  return std::strerror(err);
-}
+using core::errno_text;
 
 uint64_t fnv1a(const std::string& s, uint64_t seed) {
   uint64_t h = seed;

@@ -49,9 +49,7 @@ struct Retryable {
   std::string reason;
 };
 
-std::string errno_text() {
-  return std::strerror(errno);
-}
+using core::errno_text;
 
 class TcpStoreClient : public Store {
  public:

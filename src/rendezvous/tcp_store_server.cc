@@ -72,9 +72,7 @@ constexpr int kMaxSleepMs = 1000;
 // Prefix of the messages in bad_request responses; the client puts its own name before it.
 constexpr const char* kRejected = "the server rejected the request";
 
-std::string errno_text() {
-  return std::strerror(errno);
-}
+using core::errno_text;
 
 struct Conn {
   enum class State { hello, auth, ready, parked, closing };
