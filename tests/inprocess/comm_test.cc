@@ -488,11 +488,15 @@ TEST(Comm, AbortFailsARunningOpQueuedAsyncOpsAndLaterOpsWithItsReasonOnEveryTran
   // with its reason; the communicator is then destroyed without hanging.
   for (const auto& settings : std::vector<std::map<std::string, std::string>>{
            {}, {{"RINGREDUCE_SHM", "0"}}, {{"TEST_HOSTS", "2"}}}) {
+    std::atomic<bool> checked{false};
     run_ranks(
         2,
-        [](Communicator& comm) {
+        [&checked](Communicator& comm) {
           if (comm.rank() == 1) {
-            std::this_thread::sleep_for(1500ms);
+            // Stays in the job until rank 0 is done, so that rank 0's ops fail by the abort, not
+            // by this rank's exit. (A fixed 1.5 s was too short under TSan: rank 0's set-up of
+            // three 16 MiB buffers alone took longer there.) Bounded: 20 s.
+            for (int i = 0; i < 2000 && !checked.load(); ++i) std::this_thread::sleep_for(10ms);
             return;
           }
           std::vector<std::vector<float>> bufs(3, std::vector<float>(1 << 22, 1.0f));
@@ -519,6 +523,7 @@ TEST(Comm, AbortFailsARunningOpQueuedAsyncOpsAndLaterOpsWithItsReasonOnEveryTran
           const auto t = Clock::now();
           EXPECT_THROW(comm.barrier(), ringreduce::Error);
           EXPECT_LT(seconds_since(t), 0.1);
+          checked = true;
         },
         settings, 30s);
   }

@@ -155,9 +155,9 @@ inline std::vector<int> ranks_in_matrix(std::vector<int> full, std::vector<int> 
 //   - Full matrix otherwise: shift = N. How a large count is cut into chunks, segments, stripes
 //     and rounds depends on N and on the element size, never on the op, and every (dtype, op)
 //     kernel has already run at the large counts over shared memory with N = 1..4. Each N still
-//     runs every dtype and every op at the large counts, and the N a transport runs take every
-//     shift (tcp and mix: 2, 3, 4, 5, 6, 8; shm: 5..9), so each Matrix test still runs every
-//     pair at a large count on each transport, for a fifth of the time.
+//     runs every dtype and every op at the large counts; mix's N (2, 3, 4, 5, 6, 8) take every
+//     shift, so each Matrix test still runs every pair at a large count over shared memory and
+//     over mixed hosts' TCP links, for a fifth of the time; tcp (N = 2, 3, 5) takes three.
 //   - Small matrix (RR_TEST_MATRIX=small, N <= 4): shift = 0.
 inline bool in_matrix(DataType t, ReduceOp op, bool large, int n, bool every_pair = true) {
   if (!large) return true;
