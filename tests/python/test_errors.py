@@ -43,24 +43,25 @@ def test_dead_peer_raises_peer_error_naming_it():
         assert f"rank {rank}: allreduce #2 " in line, line
 
 
-def test_mismatch_through_torch_distributed_raises_on_every_rank():
+def raised_through_torch(case):
+    """Runs an errors.py case over the torch backend; every rank's RAISED line, by rank."""
     pytest.importorskip("torch")
     if not have_module("_torch_backend"):
         pytest.skip("the torch backend was not built")
-    _, lines, _ = launch(N, "errors.py", "torch_mismatch")
-    assert sorted(raised(lines)) == list(range(N))
-    for rank, line in raised(lines).items():
+    _, lines, _ = launch(N, "errors.py", case)
+    got = raised(lines)
+    assert sorted(got) == list(range(N))
+    return got
+
+
+def test_mismatch_through_torch_distributed_raises_on_every_rank():
+    for rank, line in raised_through_torch("torch_mismatch").items():
         assert line.startswith("RAISED ringreduce.MismatchError "), line
         assert "mismatched call" in line and f"rank {rank}: allreduce #2" in line, line  # after a barrier
 
 
 def test_size_mismatch_of_a_send_through_torch_raises_on_every_rank():
-    pytest.importorskip("torch")
-    if not have_module("_torch_backend"):
-        pytest.skip("the torch backend was not built")
-    _, lines, _ = launch(N, "errors.py", "torch_p2p_size")
-    assert sorted(raised(lines)) == list(range(N))
-    for rank, line in raised(lines).items():
+    for rank, line in raised_through_torch("torch_p2p_size").items():
         assert line.startswith("RAISED ringreduce.MismatchError "), line
         # rank 1 raises it; the others hear it from rank 1 at the barrier (rank 0 may already
         # have returned from its eager send)
