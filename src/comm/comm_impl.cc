@@ -56,6 +56,7 @@ CommImpl::CommImpl(const Options& options, const SplitFrom* from)
 }
 
 CommImpl::~CommImpl() {
+  std::thread progress;
   {
     std::lock_guard<std::mutex> lk(mu_);
     stop_ = true;
@@ -64,8 +65,11 @@ CommImpl::~CommImpl() {
     if (driving_)
       transport_->interrupt("communicator destroyed", static_cast<int>(ErrorCode::aborted));
     progress_cv_.notify_all();
+    // Taken under mu_, where every other reader of progress_thread_ looks at it; with stop_ set,
+    // nobody starts another (start_progress_locked).
+    progress = std::move(progress_thread_);
   }
-  if (progress_thread_.joinable()) progress_thread_.join();
+  if (progress.joinable()) progress.join();
   // Ops nobody will run any more fail, so that their Work returns instead of waiting forever.
   std::vector<std::shared_ptr<OpState>> failed;
   std::exception_ptr err;
@@ -301,8 +305,8 @@ std::shared_ptr<OpState> CommImpl::submit(const algorithms::Args& args, const Ca
     op->fired = true;  // nobody else has op yet: a later then() runs at once
     return op;
   }
-  if (aborted_.load()) {
-    op->error = abort_error_;
+  if (aborted_.load() || stop_) {
+    op->error = stop_ ? destroyed_error(describe(op->tag)) : abort_error_;
     op->finished.store(true);
     op->fired = true;
     return op;
@@ -310,7 +314,7 @@ std::shared_ptr<OpState> CommImpl::submit(const algorithms::Args& args, const Ca
   queue_.push_back(op);
   queued_.store(true);
   if (async) {
-    if (!progress_thread_.joinable()) progress_thread_ = std::thread([this] { progress_loop(); });
+    start_progress_locked();
     if (!driving_) progress_cv_.notify_one();
   }
   // A driver moving only point-to-point ops stops for it (drive_p2p).
@@ -337,7 +341,7 @@ bool CommImpl::wait(OpState& op, std::optional<std::chrono::milliseconds> timeou
       continue;
     }
     if (!driving_ && timeout) {
-      if (!progress_thread_.joinable()) progress_thread_ = std::thread([this] { progress_loop(); });
+      start_progress_locked();
       progress_cv_.notify_one();  // make sure the progress thread looks at the queue
     }
     ++waiters_;
@@ -350,6 +354,17 @@ bool CommImpl::wait(OpState& op, std::optional<std::chrono::milliseconds> timeou
       --waiters_;
     }
   }
+}
+
+void CommImpl::start_progress_locked() {
+  if (stop_ || progress_thread_.joinable()) return;
+  progress_thread_ = std::thread([this] { progress_loop(); });
+}
+
+std::exception_ptr CommImpl::destroyed_error(const std::string& what) const {
+  return std::make_exception_ptr(
+      Error("rank " + std::to_string(rank_) + ": " + what + ": the communicator is being destroyed",
+            ErrorCode::aborted));
 }
 
 void CommImpl::release_driver() {

@@ -144,6 +144,13 @@ class CommImpl {
   std::exception_ptr execute(OpState& op);
   void finish(OpState& op, std::exception_ptr error);
   void progress_loop();
+  // Starts the progress thread if it is not running (mu_ held). Never once the destructor has
+  // begun: it has taken the thread to join it, and a new one would be destroyed while joinable
+  // (std::terminate). Callers check stop_ first and refuse the op.
+  void start_progress_locked();
+  // An op submitted while the communicator is being destroyed (from a callback the destructor
+  // fires, say): the error its Work reports.
+  std::exception_ptr destroyed_error(const std::string& what) const;
   // Gives up the driver role (mu_ held) and wakes whoever should drive or wait next.
   void release_driver();
   void* scratch(size_t bytes);

@@ -49,10 +49,11 @@ std::shared_ptr<OpState> CommImpl::submit_p2p(const P2pArgs& a, const CallOption
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (aborted_.load()) return reject(abort_error_);
+    if (stop_) return reject(destroyed_error(r.describe(rank_)));
     p2p_ops_[op.get()] = op;
     if (async) {
       if (p2p_async_++ == 0) p2p_async_since_ = core::Clock::now();
-      if (!progress_thread_.joinable()) progress_thread_ = std::thread([this] { progress_loop(); });
+      start_progress_locked();
     }
     // Nobody drives: this thread does, for one pass, so that the message leaves now (an eager
     // one is in the lane when this returns) whoever drives it later; releasing the driver role

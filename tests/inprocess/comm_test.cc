@@ -585,6 +585,44 @@ TEST(Comm, WorkOutlivesItsCommunicator) {
   EXPECT_LT(seconds_since(start), 1.0);
 }
 
+TEST(Comm, OpsIssuedWhileTheCommunicatorIsDestroyedFail) {
+  // The destructor fails the ops still queued and runs their callbacks; a callback that issues
+  // the next op (a torch future's continuation does) gets a Work that has failed, naming the
+  // op. It used to start the progress thread again after the destructor had joined it, and the
+  // process died in std::terminate when the thread was destroyed still joinable.
+  std::vector<ringreduce::Work> works(2);
+  std::vector<ringreduce::Work> issued;
+  std::vector<float> buf(1024, 1.0f), next(16, 1.0f);
+  run_ranks(
+      2,
+      [&](Communicator& comm) {
+        comm.barrier();
+        if (comm.rank() == 1) {
+          std::this_thread::sleep_for(300ms);  // never joins the allreduce
+          return;
+        }
+        works[0] = comm.allreduce_async(std::span<float>(buf), ReduceOp::sum);
+        works[0].then([&comm, &issued, &next](std::exception_ptr e) {
+          if (!e) return;
+          issued.push_back(comm.allreduce_async(std::span<float>(next), ReduceOp::sum));
+          issued.push_back(comm.send_async(next.data(), next.size(), DataType::f32, 1, 7));
+          issued.push_back(comm.recv_async(next.data(), next.size(), DataType::f32, 1, 7));
+        });
+      },
+      {}, 30s);
+  ASSERT_EQ(issued.size(), 3u);
+  for (auto& w : issued) {
+    try {
+      w.wait(1000ms);
+      ADD_FAILURE() << "an op issued during destruction succeeded";
+    } catch (const ringreduce::Error& e) {
+      EXPECT_EQ(e.code(), ringreduce::ErrorCode::aborted) << e.what();
+      EXPECT_NE(std::string(e.what()).find("rank 0: "), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("being destroyed"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(Comm, BadArgumentsNameRankAndCallAndDoNotAbort) {
   run_ranks(2, [](Communicator& comm) {
     std::vector<float> buf(16);

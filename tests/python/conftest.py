@@ -26,11 +26,14 @@ def have_module(name):
 
 def rank_env():
     """The environment of a rank: the build's package first on PYTHONPATH, its location in
-    RINGREDUCE_BUILD (for the examples), a 60 s timeout unless one is set."""
+    RINGREDUCE_BUILD (for the examples), a 60 s timeout unless one is set, faulthandler on."""
     e = dict(os.environ)
     e["PYTHONPATH"] = str(PYDIR) + os.pathsep + e.get("PYTHONPATH", "")
     e["RINGREDUCE_BUILD"] = str(BUILD)
     e.setdefault("RINGREDUCE_TIMEOUT", "60")
+    # A rank that dies on a signal (SIGABRT from std::terminate, SIGSEGV) prints every thread's
+    # Python stack: where it was, even when the crash is timing-dependent and seen once.
+    e.setdefault("PYTHONFAULTHANDLER", "1")
     return e
 
 

@@ -23,6 +23,7 @@ stops the job; the test runs the remaining programs in a new job). At the end "O
 Runs on torch 1.13 and 2.x.
 """
 
+import gc
 import os
 import sys
 import time
@@ -444,6 +445,7 @@ def same_on_every_rank(prog, label, tensors):
 
 
 def main(names):
+    global GLOO
     unknown = [n for n in names if n not in PROGRAMS]
     if unknown:
         sys.exit(f"unknown programs {unknown}; known: {list(PROGRAMS)}")
@@ -476,6 +478,12 @@ def main(names):
               f"{d if d is None else f'{d:.3g}'} max|rank-rank0|={rank_diff}", flush=True)
     dist.barrier()
     dist.destroy_process_group()
+    # destroy_process_group() forgets the groups, but GLOO (a global) would keep gloo's process
+    # group and its worker threads alive into interpreter finalization, where a thread that takes
+    # the GIL is ended by pthread_exit; inside a destructor that is std::terminate ("terminate
+    # called without an active exception", pytorch/pytorch#179291). Release it while Python runs.
+    GLOO = None
+    gc.collect()
     print("OK" if not failures else "FAILED", checks, flush=True)
     sys.exit(1 if failures else 0)
 
