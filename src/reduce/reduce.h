@@ -18,7 +18,8 @@ namespace ringreduce::reduce {
 void combine(void* dst, const void* a, const void* b, size_t count, DataType type, ReduceOp op);
 
 // Copies bytes (no overlap). With `stream`, the stores bypass the cache: for a destination that
-// will not be read again soon, it saves reading every line before writing it.
+// will not be read again soon, it saves reading every line before writing it. Without, `rep
+// movsb` from 2 KiB where the CPU has ERMS, whatever the C library's memcpy would pick.
 void copy(void* dst, const void* src, size_t bytes, bool stream);
 // The size from which a written buffer no longer stays in cache: the largest cache's size (the
 // kernels' own switch to streaming stores uses it too).

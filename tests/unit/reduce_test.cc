@@ -545,6 +545,26 @@ TEST(StreamCopy, EveryIsaCopiesEveryByteAtEveryAlignment) {
   EXPECT_EQ(c, a);
 }
 
+TEST(CachedCopy, CopiesEveryByteOnBothSidesOfTheRepMovsbThreshold) {
+  // copy(..., false) switches from memcpy to `rep movsb` at 2112 bytes (where the CPU has ERMS).
+  std::mt19937_64 rng(11);
+  for (size_t n : {size_t{0}, size_t{1}, size_t{2111}, size_t{2112}, size_t{2113}, size_t{262144},
+                   size_t{262147}}) {
+    for (size_t dst_off : {0, 1, 63}) {
+      for (size_t src_off : {0, 5}) {
+        SCOPED_TRACE("bytes " + std::to_string(n) + " dst+" + std::to_string(dst_off) + " src+" +
+                     std::to_string(src_off));
+        std::vector<unsigned char> src(n + 8), dst(n + 128, 0x5A);
+        for (auto& c : src) c = static_cast<unsigned char>(rng());
+        ringreduce::reduce::copy(dst.data() + dst_off, src.data() + src_off, n, false);
+        ASSERT_EQ(0, std::memcmp(dst.data() + dst_off, src.data() + src_off, n));
+        for (size_t i = 0; i < dst_off; ++i) ASSERT_EQ(dst[i], 0x5A) << "byte " << i;
+        for (size_t i = dst_off + n; i < dst.size(); ++i) ASSERT_EQ(dst[i], 0x5A) << "byte " << i;
+      }
+    }
+  }
+}
+
 TEST(ReduceTables, StreamKernelsOnlyForF32AndF64) {
   for (ri::Isa isa : kAllIsas) {
     for (DataType t : kAllTypes) {

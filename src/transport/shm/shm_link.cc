@@ -71,7 +71,7 @@ void ShmLink::commit_out(const OpTag& tag, size_t message_bytes, bool first, siz
 
 void ShmLink::publish(const OpTag& tag, size_t message_bytes, bool first, const char* src,
                       size_t n) {
-  if (n > 0) std::memcpy(out_slot(), src, n);
+  reduce::copy(out_slot(), src, n, /*stream=*/false);
   commit_out(tag, message_bytes, first, n);
 }
 
@@ -199,7 +199,7 @@ bool ShmLink::progress_sends() {
 void ShmLink::stage_cross(RecvOp& op, const char* src, size_t n) {
   char* d = op.dst + op.done;
   if (op.kind == RecvKind::copy_send) {
-    std::memcpy(d, src, n);
+    reduce::copy(d, src, n, /*stream=*/false);
     return;
   }
   const size_t elem = dtype_size(op.red.dtype);
