@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <future>
 #include <numeric>
 #include <thread>
@@ -561,23 +562,31 @@ TEST(Comm, DeadPeerNeverStretchesAWaitPastItsDeadline) {
       {}, 30s);
 }
 
-TEST(Comm, WorkOutlivesItsCommunicator) {
-  // Async ops still queued when the communicator is destroyed fail with a clear error; waiting
-  // on their Work afterwards neither hangs nor touches the destroyed communicator.
-  std::vector<ringreduce::Work> works(2);
-  std::vector<std::vector<float>> bufs(2, std::vector<float>(1024, 1.0f));
+// Two ranks; rank 0 runs `issue` and rank 1 never joins what it issues: rank 0's communicator is
+// destroyed with those ops still pending.
+void with_absent_peer(const std::function<void(Communicator&)>& issue) {
   run_ranks(
       2,
       [&](Communicator& comm) {
         comm.barrier();
         if (comm.rank() == 1) {
-          std::this_thread::sleep_for(300ms);  // never joins the allreduce
+          std::this_thread::sleep_for(300ms);
           return;
         }
-        works[0] = comm.allreduce_async(std::span<float>(bufs[0]), ReduceOp::sum);
-        works[1] = comm.allreduce_async(std::span<float>(bufs[1]), ReduceOp::sum);
+        issue(comm);
       },
       {}, 30s);
+}
+
+TEST(Comm, WorkOutlivesItsCommunicator) {
+  // Async ops still queued when the communicator is destroyed fail with a clear error; waiting
+  // on their Work afterwards neither hangs nor touches the destroyed communicator.
+  std::vector<ringreduce::Work> works(2);
+  std::vector<std::vector<float>> bufs(2, std::vector<float>(1024, 1.0f));
+  with_absent_peer([&](Communicator& comm) {
+    works[0] = comm.allreduce_async(std::span<float>(bufs[0]), ReduceOp::sum);
+    works[1] = comm.allreduce_async(std::span<float>(bufs[1]), ReduceOp::sum);
+  });
   auto start = Clock::now();
   EXPECT_THROW(works[0].wait(), ringreduce::Error);
   EXPECT_THROW(works[1].wait(), ringreduce::Error);
@@ -590,26 +599,18 @@ TEST(Comm, OpsIssuedWhileTheCommunicatorIsDestroyedFail) {
   // the next op (a torch future's continuation does) gets a Work that has failed, naming the
   // op. It used to start the progress thread again after the destructor had joined it, and the
   // process died in std::terminate when the thread was destroyed still joinable.
-  std::vector<ringreduce::Work> works(2);
+  ringreduce::Work pending;
   std::vector<ringreduce::Work> issued;
   std::vector<float> buf(1024, 1.0f), next(16, 1.0f);
-  run_ranks(
-      2,
-      [&](Communicator& comm) {
-        comm.barrier();
-        if (comm.rank() == 1) {
-          std::this_thread::sleep_for(300ms);  // never joins the allreduce
-          return;
-        }
-        works[0] = comm.allreduce_async(std::span<float>(buf), ReduceOp::sum);
-        works[0].then([&comm, &issued, &next](std::exception_ptr e) {
-          if (!e) return;
-          issued.push_back(comm.allreduce_async(std::span<float>(next), ReduceOp::sum));
-          issued.push_back(comm.send_async(next.data(), next.size(), DataType::f32, 1, 7));
-          issued.push_back(comm.recv_async(next.data(), next.size(), DataType::f32, 1, 7));
-        });
-      },
-      {}, 30s);
+  with_absent_peer([&](Communicator& comm) {
+    pending = comm.allreduce_async(std::span<float>(buf), ReduceOp::sum);
+    pending.then([&comm, &issued, &next](std::exception_ptr e) {
+      if (!e) return;
+      issued.push_back(comm.allreduce_async(std::span<float>(next), ReduceOp::sum));
+      issued.push_back(comm.send_async(next.data(), next.size(), DataType::f32, 1, 7));
+      issued.push_back(comm.recv_async(next.data(), next.size(), DataType::f32, 1, 7));
+    });
+  });
   ASSERT_EQ(issued.size(), 3u);
   for (auto& w : issued) {
     try {
