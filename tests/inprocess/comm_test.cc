@@ -596,9 +596,9 @@ TEST(Comm, WorkOutlivesItsCommunicator) {
 
 TEST(Comm, OpsIssuedWhileTheCommunicatorIsDestroyedFail) {
   // The destructor fails the ops still queued and runs their callbacks; a callback that issues
-  // the next op (a torch future's continuation does) gets a Work that has failed, naming the
-  // op. It used to start the progress thread again after the destructor had joined it, and the
-  // process died in std::terminate when the thread was destroyed still joinable.
+  // the next op (a torch future's continuation does) gets a Work that has failed, naming why. It
+  // used to start the progress thread again after the destructor had joined it, and the process
+  // died in std::terminate when the thread was destroyed still joinable.
   ringreduce::Work pending;
   std::vector<ringreduce::Work> issued;
   std::vector<float> buf(1024, 1.0f), next(16, 1.0f);
@@ -619,7 +619,9 @@ TEST(Comm, OpsIssuedWhileTheCommunicatorIsDestroyedFail) {
     } catch (const ringreduce::Error& e) {
       EXPECT_EQ(e.code(), ringreduce::ErrorCode::aborted) << e.what();
       EXPECT_NE(std::string(e.what()).find("rank 0: "), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("being destroyed"), std::string::npos) << e.what();
+      // "being destroyed" when the destructor had begun; the failure of the interrupted op
+      // ("communicator destroyed") when the callback ran as that op failed (seen under TSan).
+      EXPECT_NE(std::string(e.what()).find("destroyed"), std::string::npos) << e.what();
     }
   }
 }
