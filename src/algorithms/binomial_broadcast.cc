@@ -4,11 +4,11 @@
 // cut into segments and a segment is forwarded the moment it has arrived, but every inner rank
 // sends the whole buffer once per child (the root lg N times): the chain, which sends it once,
 // is the bandwidth-bound choice.
-#include <cstring>
 #include <vector>
 
 #include "algorithms/algorithm.h"
 #include "algorithms/tree_shape.h"
+#include "reduce/reduce.h"
 
 namespace ringreduce::algorithms {
 
@@ -23,7 +23,7 @@ void binomial_broadcast(Context& ctx, const Args& a) {
   char* buf = static_cast<char*>(a.recv);
   const char* src = static_cast<const char*>(a.send);
   const int v = (ctx.rank - a.root + n) % n;  // virtual rank: the root is 0
-  if (v == 0 && src != buf && a.count > 0) std::memcpy(buf, src, a.count * elem);
+  if (v == 0 && src != buf) reduce::copy(buf, src, a.count * elem, /*stream=*/false);
   if (n == 1 || a.count == 0) return;
   auto real = [&](int vr) { return (vr + a.root) % n; };
   // The root sends from its send buffer (the copy above may still be in cache, but the send

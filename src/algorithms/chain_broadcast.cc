@@ -2,10 +2,10 @@
 // as it has it, so the time is about K/B plus (N-1) segment latencies instead of (N-1)K/B.
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "algorithms/algorithm.h"
 #include "algorithms/ring_schedule.h"
+#include "reduce/reduce.h"
 
 namespace ringreduce::algorithms {
 
@@ -30,7 +30,7 @@ void chain_broadcast(Context& ctx, const Args& a) {
   // Distance from the root along the chain (the communicator's ring).
   const int pos = (ctx.pos() - ctx.pos_of(a.root) + n) % n;
   // Out of place, the root sends from its send buffer and keeps a copy in its receive buffer.
-  if (pos == 0 && src != buf && a.count > 0) std::memcpy(buf, src, a.count * elem);
+  if (pos == 0 && src != buf) reduce::copy(buf, src, a.count * elem, /*stream=*/false);
   if (n == 1 || a.count == 0) return;
 
   transport::Completion done;

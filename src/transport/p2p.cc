@@ -3,6 +3,7 @@
 #include <cstring>
 #include <set>
 
+#include "reduce/reduce.h"
 #include "ringreduce/error.h"
 
 namespace ringreduce::transport {
@@ -231,7 +232,7 @@ void P2p::match_recv(P2pRequest* r, Arrived& a) {
     await_data_[{a.src, a.id}] = r;
     send_header(lane_of(a.src), kCts, a.tag, a.bytes, a.id, nullptr, nullptr);
   } else if (a.c.done()) {
-    if (a.bytes > 0) std::memcpy(r->buf, a.data.get(), a.bytes);
+    reduce::copy(r->buf, a.data.get(), a.bytes, /*stream=*/false);
     finish(r);
   } else {
     a.taker = r;
@@ -306,7 +307,7 @@ bool P2p::poll() {
       ++it;
       continue;
     }
-    std::memcpy(a.taker->buf, a.data.get(), a.bytes);
+    reduce::copy(a.taker->buf, a.data.get(), a.bytes, /*stream=*/false);
     finish(a.taker);
     it = arrived_.erase(it);
     any = true;
