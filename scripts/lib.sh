@@ -8,6 +8,8 @@ BUILD=${BUILD:-$ROOT/build}
 RR_PACKAGES=(cmake ninja-build g++ pkg-config python3 libgtest-dev libgmock-dev libbenchmark-dev
              openmpi-bin libopenmpi-dev iproute2 procps libssl-dev clang libclang-rt-14-dev
              nftables debootstrap
+             # stacks of the ranks a test finds hung (scripts/cluster run's report on a timeout)
+             gdb
              # the Python module, the torch backend and its tests (Debian's interpreter)
              python3-dev pybind11-dev python3-numpy python3-pytest python3-torch libtorch-dev
              python3-sklearn)
