@@ -26,6 +26,9 @@ cluster=$here/../../scripts/cluster
 perf=$build/tools/ringreduce-perf
 # One cluster name per case, so that cases can run side by side.
 export CLUSTER_NAME=rrt${case_name:0:4}
+# A message that never arrives must fail its op, naming the ranks, well inside each launch's own
+# timeout (60-120 s), rather than run into it silently (the default waits 300 s).
+export RINGREDUCE_TIMEOUT=${RINGREDUCE_TIMEOUT:-45}
 
 [ "$(id -u)" = 0 ] || { echo "skipped: the emulated cluster needs root (network namespaces, tc)"; exit 77; }
 command -v ip >/dev/null && command -v tc >/dev/null || { echo "skipped: needs iproute2 (ip, tc)"; exit 77; }
@@ -62,7 +65,9 @@ check_run() {
   out=$("$@" 2>&1)
   rc=$?
   if [ $rc -ne 0 ] || ! grep -q "Out of bounds values : 0 OK" <<<"$out" || ! grep -q "$ranks ranks" <<<"$out"; then
-    echo "$out" | tail -40
+    # The launcher's own lines (which ranks still ran on a timeout, and where) in full.
+    grep -v '^cluster:' <<<"$out" | tail -40
+    grep '^cluster:' <<<"$out" | head -300
     fail "$what (rc $rc)"
   fi
   echo "ok: $what ($(grep -c '^\[0\] \{3,\}[0-9]' <<<"$out") rows)"
