@@ -1,0 +1,73 @@
+// reduce_cuda.h in a build without CUDA (RINGREDUCE_CUDA=OFF, or AUTO with no nvcc found):
+// nothing is available, and says so; the calls that would need a device refuse.
+#if !defined(RINGREDUCE_HAVE_CUDA)
+
+#include <string>
+
+#include "reduce/cuda/reduce_cuda.h"
+#include "ringreduce/error.h"
+
+namespace ringreduce::reduce::cuda {
+namespace {
+
+[[noreturn]] void refuse(const char* call) {
+  throw InvalidArgument(std::string("reduce::cuda::") + call + ": " + unavailable_reason());
+}
+
+}  // namespace
+
+std::string unavailable_reason() {
+  return "ringreduce was built without CUDA (RINGREDUCE_CUDA=OFF, or no nvcc found; "
+         "configure with -DRINGREDUCE_CUDA=ON and nvcc in /usr/local/cuda or CUDACXX)";
+}
+bool available() {
+  return false;
+}
+std::string device_description() {
+  return "none (" + unavailable_reason() + ")";
+}
+void combine(void*, const void*, const void*, size_t, DataType, ReduceOp, void*) {
+  refuse("combine");
+}
+void combine2(void*, void*, const void*, const void*, size_t, DataType, ReduceOp, void*) {
+  refuse("combine2");
+}
+void divide(void*, const void*, size_t, DataType, uint64_t, void*) {
+  refuse("divide");
+}
+void scale(void*, const void*, size_t, DataType, double, void*) {
+  refuse("scale");
+}
+DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
+  refuse("DeviceBuffer");
+}
+DeviceBuffer::~DeviceBuffer() = default;
+void DeviceBuffer::upload(const void*, size_t, size_t) {
+  refuse("DeviceBuffer::upload");
+}
+void DeviceBuffer::download(void*, size_t, size_t) const {
+  refuse("DeviceBuffer::download");
+}
+void synchronize(void*) {
+  refuse("synchronize");
+}
+void copy(void*, const void*, size_t, void*) {
+  refuse("copy");
+}
+EventTimer::EventTimer() {
+  refuse("EventTimer");
+}
+EventTimer::~EventTimer() = default;
+void EventTimer::start(void*) {
+  refuse("EventTimer::start");
+}
+void EventTimer::stop(void*) {
+  refuse("EventTimer::stop");
+}
+double EventTimer::elapsed_ms() {
+  refuse("EventTimer::elapsed_ms");
+}
+
+}  // namespace ringreduce::reduce::cuda
+
+#endif  // !RINGREDUCE_HAVE_CUDA
