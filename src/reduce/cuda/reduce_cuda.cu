@@ -239,52 +239,48 @@ void validate(DataType type, ReduceOp op, const char* call) {
   }
 }
 
+// Calls f(E{}) with the element type (elementwise.inc) that stores `type`; bool is Plain<uint8_t>.
+template <class E>
+struct ElementTag {
+  using type = E;
+};
+template <class F>
+void with_element(DataType type, F&& f) {
+  switch (type) {
+    case DataType::f16:
+      return f(ElementTag<HalfSoft>{});
+    case DataType::bf16:
+      return f(ElementTag<Bf16>{});
+    case DataType::f32:
+      return f(ElementTag<Plain<float>>{});
+    case DataType::f64:
+      return f(ElementTag<Plain<double>>{});
+    case DataType::i8:
+      return f(ElementTag<Plain<int8_t>>{});
+    case DataType::u8:
+    case DataType::boolean:
+      return f(ElementTag<Plain<uint8_t>>{});
+    case DataType::i16:
+      return f(ElementTag<Plain<int16_t>>{});
+    case DataType::i32:
+      return f(ElementTag<Plain<int32_t>>{});
+    case DataType::u32:
+      return f(ElementTag<Plain<uint32_t>>{});
+    case DataType::i64:
+      return f(ElementTag<Plain<int64_t>>{});
+    case DataType::u64:
+      return f(ElementTag<Plain<uint64_t>>{});
+  }
+}
+
 void dispatch_combine(void* d0, void* d1, const void* a, const void* b, size_t n, DataType type,
                       ReduceOp op, void* stream, const char* call) {
   validate(type, op, call);
   if (n == 0) return;
   auto s = static_cast<cudaStream_t>(stream);
-  switch (type) {
-    case DataType::f16:
-      return dispatch_op<HalfSoft>(op, d0, d1, a, b, n, s);
-    case DataType::bf16:
-      return dispatch_op<Bf16>(op, d0, d1, a, b, n, s);
-    case DataType::f32:
-      return dispatch_op<Plain<float>>(op, d0, d1, a, b, n, s);
-    case DataType::f64:
-      return dispatch_op<Plain<double>>(op, d0, d1, a, b, n, s);
-    case DataType::i8:
-      return dispatch_op<Plain<int8_t>>(op, d0, d1, a, b, n, s);
-    case DataType::u8:
-      return dispatch_op<Plain<uint8_t>>(op, d0, d1, a, b, n, s);
-    case DataType::i16:
-      return dispatch_op<Plain<int16_t>>(op, d0, d1, a, b, n, s);
-    case DataType::i32:
-      return dispatch_op<Plain<int32_t>>(op, d0, d1, a, b, n, s);
-    case DataType::u32:
-      return dispatch_op<Plain<uint32_t>>(op, d0, d1, a, b, n, s);
-    case DataType::i64:
-      return dispatch_op<Plain<int64_t>>(op, d0, d1, a, b, n, s);
-    case DataType::u64:
-      return dispatch_op<Plain<uint64_t>>(op, d0, d1, a, b, n, s);
-    case DataType::boolean:
-      return dispatch_bool(op, d0, d1, a, b, n, s);
-  }
-}
-
-template <class T>
-void divide_int(void* dst, const void* src, size_t n, uint64_t divisor, cudaStream_t s) {
-  launch_map<T>(dst, src, n, DivideIntBy<T>{divisor}, s);
-}
-template <class E>
-void divide_float(void* dst, const void* src, size_t n, uint64_t divisor, cudaStream_t s) {
-  using C = typename E::Compute;
-  launch_map<typename E::Storage>(dst, src, n, DivideBy<E>{static_cast<C>(divisor)}, s);
-}
-template <class E>
-void scale_float(void* dst, const void* src, size_t n, double factor, cudaStream_t s) {
-  using C = typename E::Compute;
-  launch_map<typename E::Storage>(dst, src, n, ScaleBy<E>{static_cast<C>(factor)}, s);
+  if (type == DataType::boolean) return dispatch_bool(op, d0, d1, a, b, n, s);
+  with_element(
+      type, [&](auto tag) { dispatch_op<typename decltype(tag)::type>(op, d0, d1, a, b, n, s); });
 }
 
 }  // namespace
@@ -331,50 +327,30 @@ void divide(void* dst, const void* src, size_t count, DataType type, uint64_t di
   if (type == DataType::boolean) throw InvalidArgument("reduce::cuda::divide: bool has no avg");
   if (count == 0) return;
   auto s = static_cast<cudaStream_t>(stream);
-  switch (type) {
-    case DataType::f16:
-      return divide_float<HalfSoft>(dst, src, count, divisor, s);
-    case DataType::bf16:
-      return divide_float<Bf16>(dst, src, count, divisor, s);
-    case DataType::f32:
-      return divide_float<Plain<float>>(dst, src, count, divisor, s);
-    case DataType::f64:
-      return divide_float<Plain<double>>(dst, src, count, divisor, s);
-    case DataType::i8:
-      return divide_int<int8_t>(dst, src, count, divisor, s);
-    case DataType::u8:
-      return divide_int<uint8_t>(dst, src, count, divisor, s);
-    case DataType::i16:
-      return divide_int<int16_t>(dst, src, count, divisor, s);
-    case DataType::i32:
-      return divide_int<int32_t>(dst, src, count, divisor, s);
-    case DataType::u32:
-      return divide_int<uint32_t>(dst, src, count, divisor, s);
-    case DataType::i64:
-      return divide_int<int64_t>(dst, src, count, divisor, s);
-    case DataType::u64:
-      return divide_int<uint64_t>(dst, src, count, divisor, s);
-    case DataType::boolean:
-      break;
-  }
+  with_element(type, [&](auto tag) {
+    using E = typename decltype(tag)::type;
+    using C = typename E::Compute;
+    if constexpr (std::is_integral_v<C>) {
+      launch_map<C>(dst, src, count, DivideIntBy<C>{divisor}, s);
+    } else {
+      launch_map<typename E::Storage>(dst, src, count, DivideBy<E>{static_cast<C>(divisor)}, s);
+    }
+  });
 }
 
 void scale(void* dst, const void* src, size_t count, DataType type, double factor, void* stream) {
-  if (count == 0 && is_float(type)) return;
-  auto s = static_cast<cudaStream_t>(stream);
-  switch (type) {
-    case DataType::f16:
-      return scale_float<HalfSoft>(dst, src, count, factor, s);
-    case DataType::bf16:
-      return scale_float<Bf16>(dst, src, count, factor, s);
-    case DataType::f32:
-      return scale_float<Plain<float>>(dst, src, count, factor, s);
-    case DataType::f64:
-      return scale_float<Plain<double>>(dst, src, count, factor, s);
-    default:
-      throw InvalidArgument(std::string("reduce::cuda::scale: ") + dtype_name(type) +
-                            " is not a floating-point type");
+  if (!is_float(type)) {
+    throw InvalidArgument(std::string("reduce::cuda::scale: ") + dtype_name(type) +
+                          " is not a floating-point type");
   }
+  if (count == 0) return;
+  auto s = static_cast<cudaStream_t>(stream);
+  with_element(type, [&](auto tag) {
+    using E = typename decltype(tag)::type;
+    using C = typename E::Compute;
+    if constexpr (!std::is_integral_v<C>)
+      launch_map<typename E::Storage>(dst, src, count, ScaleBy<E>{static_cast<C>(factor)}, s);
+  });
 }
 
 DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
