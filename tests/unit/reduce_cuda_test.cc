@@ -13,15 +13,15 @@
 
 #include "reduce/cuda/reduce_cuda.h"
 #include "reduce/reduce.h"
+#include "reduce_reference.h"
 #include "ringreduce/error.h"
 #include "ringreduce/types.h"
 
 namespace {
 
-using ringreduce::DataType;
-using ringreduce::ReduceOp;
 namespace cuda = ringreduce::reduce::cuda;
 namespace reduce = ringreduce::reduce;
+using namespace rr_test;  // reduce_reference.h: kAllTypes, kAllOps, random_elements
 
 #define RR_NEED_DEVICE()                                                                           \
   do {                                                                                             \
@@ -29,27 +29,17 @@ namespace reduce = ringreduce::reduce;
   } while (0)
 
 bool is_nan(const unsigned char* p, DataType t) {
+  uint64_t v = 0;
+  std::memcpy(&v, p, ringreduce::dtype_size(t));  // little-endian: the low bytes
   switch (t) {
-    case DataType::f16: {
-      uint16_t h;
-      std::memcpy(&h, p, 2);
-      return std::isnan(reduce::half_to_float(h));
-    }
-    case DataType::bf16: {
-      uint16_t b;
-      std::memcpy(&b, p, 2);
-      return std::isnan(reduce::bf16_to_float(b));
-    }
-    case DataType::f32: {
-      float f;
-      std::memcpy(&f, p, 4);
-      return std::isnan(f);
-    }
-    case DataType::f64: {
-      double d;
-      std::memcpy(&d, p, 8);
-      return std::isnan(d);
-    }
+    case DataType::f16:
+      return half_is_nan(static_cast<uint16_t>(v));
+    case DataType::bf16:
+      return bf16_is_nan(static_cast<uint16_t>(v));
+    case DataType::f32:
+      return std::isnan(bits_as<float>(static_cast<uint32_t>(v)));
+    case DataType::f64:
+      return std::isnan(bits_as<double>(v));
     default:
       return false;
   }
@@ -68,53 +58,6 @@ size_t first_difference(const std::vector<unsigned char>& got,
   }
   return n;
 }
-
-// Half arbitrary bit patterns (NaNs, infinities, subnormals, every integer), half moderate
-// values, so that sums and products land in the interesting range too.
-std::vector<unsigned char> random_elements(DataType t, size_t n, std::mt19937_64& rng) {
-  const size_t s = ringreduce::dtype_size(t);
-  std::vector<unsigned char> out(n * s + 1);
-  std::uniform_real_distribution<double> moderate(-8.0, 8.0);
-  for (size_t i = 0; i < n; ++i) {
-    uint64_t bits = rng();
-    if (rng() & 1) {
-      const double v = moderate(rng);
-      switch (t) {
-        case DataType::f16:
-          bits = reduce::float_to_half(static_cast<float>(v));
-          break;
-        case DataType::bf16:
-          bits = reduce::float_to_bf16(static_cast<float>(v));
-          break;
-        case DataType::f32: {
-          const float f = static_cast<float>(v);
-          uint32_t u;
-          std::memcpy(&u, &f, 4);
-          bits = u;
-          break;
-        }
-        case DataType::f64:
-          std::memcpy(&bits, &v, 8);
-          break;
-        case DataType::boolean:
-          bits = bits % 3;  // 0, 1, and another true value
-          break;
-        default:
-          bits = static_cast<uint64_t>(static_cast<int64_t>(v));
-          break;
-      }
-    }
-    std::memcpy(out.data() + i * s, &bits, s);  // little-endian: the low bytes
-  }
-  return out;
-}
-
-constexpr DataType kTypes[] = {DataType::f16, DataType::bf16, DataType::f32, DataType::f64,
-                               DataType::i8,  DataType::u8,   DataType::i16, DataType::i32,
-                               DataType::u32, DataType::i64,  DataType::u64, DataType::boolean};
-constexpr ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::prod, ReduceOp::min,
-                             ReduceOp::max, ReduceOp::avg,  ReduceOp::band,
-                             ReduceOp::bor, ReduceOp::bxor, ReduceOp::premul_sum};
 
 std::string what(DataType t, ReduceOp op, size_t n, size_t offset) {
   return std::string(ringreduce::dtype_name(t)) + " " + ringreduce::op_name(op) + " x " +
@@ -151,9 +94,9 @@ TEST(CudaReduce, RefusesAnOpThatDoesNotApply) {
 TEST(CudaReduce, EveryDtypeAndOpGivesTheCpuResult) {
   RR_NEED_DEVICE();
   const size_t counts[] = {1, 3, 17, 1000, 65536 + 5};
-  for (DataType t : kTypes) {
+  for (DataType t : kAllTypes) {
     const size_t s = ringreduce::dtype_size(t);
-    for (ReduceOp op : kOps) {
+    for (ReduceOp op : kAllOps) {
       if (!ringreduce::op_applies(op, t)) continue;
       std::mt19937_64 rng(1000 + static_cast<int>(t) * 16 + static_cast<int>(op));
       for (size_t n : counts) {
@@ -195,7 +138,7 @@ TEST(CudaReduce, EveryDtypeAndOpGivesTheCpuResult) {
 
 TEST(CudaReduce, DivideAndScaleGiveTheCpuResult) {
   RR_NEED_DEVICE();
-  for (DataType t : kTypes) {
+  for (DataType t : kAllTypes) {
     if (t == DataType::boolean) continue;
     const size_t s = ringreduce::dtype_size(t);
     std::mt19937_64 rng(77 + static_cast<int>(t));
