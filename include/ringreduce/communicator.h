@@ -34,6 +34,16 @@ struct OpState;
 class CommImpl;
 }  // namespace detail
 
+// Where a call's buffers are (CallOptions::memory).
+enum class Memory : uint8_t {
+  // Device memory if the CUDA driver says so, asked only in a process that already uses CUDA
+  // (a CPU-only program pays nothing); host memory otherwise.
+  automatic,
+  host,
+  // Every buffer of the call is CUDA device memory (saves asking the driver).
+  device,
+};
+
 // Per-call settings.
 struct CallOptions {
   // Overrides the communicator's timeout for this op.
@@ -41,6 +51,15 @@ struct CallOptions {
   // ReduceOp::premul_sum: this rank's input is multiplied by it before the sum (each rank may
   // pass its own, e.g. 1/N for an average that keeps f16's range).
   double premul_factor = 1.0;
+  // Where the buffers are. A call on device memory is ordered on `stream` (NCCL's semantics):
+  // the copy of its input is enqueued there when the call is issued, and the copy of its result
+  // after the op has run, and later work on the stream sees the result. The async form returns
+  // at once (its Work completes when the op has run and the copy back is enqueued; synchronise
+  // the stream to read recv from the host); the blocking form returns when recv holds the
+  // result. docs/GPU.md.
+  Memory memory = Memory::automatic;
+  // The cudaStream_t a call on device memory is ordered on; nullptr: the legacy default stream.
+  void* stream = nullptr;
 };
 
 // The handle of an asynchronous op. Buffers must stay valid until the op has completed.

@@ -59,11 +59,14 @@ const CollectiveFacts& facts(Collective c) {
   return *f;
 }
 
-size_t send_elements(const Args& a, int rank, int size) {
-  const CollectiveFacts& f = facts(a.kind);
-  const bool here = f.send_on == Holder::all || (f.send_on == Holder::root) == (rank == a.root);
+namespace {
+size_t buffer_elements(const Args& a, Blocks blocks, Holder on, int rank, int size, bool receive) {
+  const bool here = on == Holder::all || (on == Holder::root) == (rank == a.root);
   if (!here) return 0;
-  switch (f.send_blocks) {
+  // alltoallv receives Args::recv_counts; every other collective's blocks are Args::counts.
+  const std::vector<size_t>& counts =
+      receive && a.kind == Collective::alltoallv ? a.recv_counts : a.counts;
+  switch (blocks) {
     case Blocks::none:
       return 0;
     case Blocks::one:
@@ -71,14 +74,25 @@ size_t send_elements(const Args& a, int rank, int size) {
     case Blocks::per_rank:
       return a.count * static_cast<size_t>(size);
     case Blocks::own:
-      return a.counts.at(static_cast<size_t>(rank));
+      return counts.at(static_cast<size_t>(rank));
     case Blocks::all_blocks: {
       size_t n = 0;
-      for (size_t c : a.counts) n += c;
+      for (size_t c : counts) n += c;
       return n;
     }
   }
   return 0;
+}
+}  // namespace
+
+size_t send_elements(const Args& a, int rank, int size) {
+  const CollectiveFacts& f = facts(a.kind);
+  return buffer_elements(a, f.send_blocks, f.send_on, rank, size, false);
+}
+
+size_t recv_elements(const Args& a, int rank, int size) {
+  const CollectiveFacts& f = facts(a.kind);
+  return buffer_elements(a, f.recv_blocks, f.recv_on, rank, size, true);
 }
 
 const CollectiveFacts* facts_by_name(const std::string& name) {

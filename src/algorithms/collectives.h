@@ -73,6 +73,8 @@ const CollectiveFacts* facts_by_name(const std::string& name);
 struct Args;
 // Elements of the send buffer a rank passes (0 on a rank that passes none).
 size_t send_elements(const Args& a, int rank, int size);
+// Elements of the receive buffer a rank passes (0 on a rank that passes none).
+size_t recv_elements(const Args& a, int rank, int size);
 
 inline const char* collective_name(Collective c) {
   const CollectiveFacts* f = find_facts(c);

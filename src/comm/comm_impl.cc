@@ -1,4 +1,5 @@
 #include "comm/comm_impl.h"
+#include "comm/device.h"
 
 #include <cstdio>
 #include <cstring>
@@ -269,6 +270,14 @@ void CommImpl::number(OpState& op) {
 }
 
 void CommImpl::call(const algorithms::Args& args, const CallOptions& call) {
+  if (DeviceStage::wanted(args, call)) {
+    // Device memory: staged and ordered on the stream like an async call; blocking means recv
+    // holds the result on return, so the caller waits for the op and then for the stream.
+    auto op = submit(args, call, /*async=*/false);
+    wait(*op, std::nullopt);
+    if (op->stage) op->stage->synchronize();
+    return;
+  }
   OpState op;
   prepare(op, args, call, /*async=*/false);
   {
@@ -310,6 +319,19 @@ std::shared_ptr<OpState> CommImpl::submit(const algorithms::Args& args, const Ca
     op->finished.store(true);
     op->fired = true;
     return op;
+  }
+  if (DeviceStage::wanted(args, call)) {
+    try {
+      stage_device(*op, call);
+    } catch (...) {
+      --next_seq_;  // not issued, as for a bad argument
+      op->error = std::make_exception_ptr(
+          Error("rank " + std::to_string(rank_) + ": " + describe(op->tag) +
+                ": staging its device buffers failed: " + message_of(std::current_exception())));
+      op->finished.store(true);
+      op->fired = true;
+      return op;
+    }
   }
   queue_.push_back(op);
   queued_.store(true);
@@ -423,6 +445,8 @@ std::exception_ptr CommImpl::execute(OpState& op) {
     auto prefix = [&] { return "rank " + std::to_string(rank_) + ": " + describe(op.tag) + ": "; };
     if (stall_) stall_->op_started(op.tag);
     try {
+      // Device memory: the stream must have copied the input to host memory first.
+      if (op.stage) op.stage->wait_input(core::Deadline::after(op.timeout));
       algorithms::Args args = op.args;
       // premul_sum: the input, multiplied by this rank's factor, into a buffer of the op's own;
       // the algorithm then sums that (out of place whatever the call's placement was).
@@ -552,6 +576,9 @@ void fire_callback(OpState& op) {
     op.fired = true;
     fn = std::move(op.callback);
   }
+  // Every completion comes here once: the stream may go on (copy the result, or what there is
+  // of it after a failure, and run the caller's later work).
+  if (op.stage) op.stage->release();
   if (fn) fn(op.error);
 }
 
@@ -612,6 +639,21 @@ void CommImpl::abort(const std::string& reason) {
   done_cv_.notify_all();
   lk.unlock();
   for (auto& op : failed) fire_callback(*op);
+}
+
+void CommImpl::stage_device(OpState& op, const CallOptions& call) {
+  DeviceRuntime& runtime = device_runtime();
+  if (!staging_) staging_ = std::make_unique<StagingPool>(runtime);
+  algorithms::Args& a = op.args;
+  const size_t elem = dtype_size(a.dtype);
+  size_t send_bytes = 0, recv_bytes = 0;
+  if (op.is_p2p) {
+    (op.p2p.is_send ? send_bytes : recv_bytes) = op.p2p.bytes;
+  } else {
+    send_bytes = algorithms::send_elements(a, rank_, size_) * elem;
+    recv_bytes = algorithms::recv_elements(a, rank_, size_) * elem;
+  }
+  op.stage = std::make_shared<DeviceStage>(a, send_bytes, recv_bytes, call, runtime, *staging_);
 }
 
 void* CommImpl::scratch(size_t bytes) {

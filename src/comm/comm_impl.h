@@ -35,6 +35,9 @@ class TcpStoreServer;
 
 namespace ringreduce::detail {
 
+class DeviceStage;
+class StagingPool;
+
 struct OpState {
   // A point-to-point op: `p2p` is its request, run by the engine's P2p beside the queue (its own
   // matching space, no sequence number).
@@ -56,6 +59,9 @@ struct OpState {
   std::mutex callback_mu;
   std::function<void(std::exception_ptr)> callback;
   bool fired = false;
+  // A call on device memory: its host staging and stream (device.h); released when the op
+  // completes, before its callback.
+  std::shared_ptr<DeviceStage> stage;
 };
 
 // Runs op's then() callback, if any, once; called without CommImpl::mu_ after op finished.
@@ -154,6 +160,9 @@ class CommImpl {
   // Gives up the driver role (mu_ held) and wakes whoever should drive or wait next.
   void release_driver();
   void* scratch(size_t bytes);
+  // A call on device memory (device.h): stages op's device buffers through host memory on its
+  // stream. For a collective, under mu_ once it has its number; a failure gives the number back.
+  void stage_device(OpState& op, const CallOptions& call);
   // Orders the ring by host (hosts: every rank's host identity).
   void ring_order(const std::vector<std::string>& hosts);
   // Several hosts: measures the network between two of them (rank 0 and the first rank after it
@@ -186,6 +195,7 @@ class CommImpl {
   std::unique_ptr<transport::Engine> transport_;
   std::unique_ptr<tuner::Tuner> tuner_;
   std::unique_ptr<char[]> scratch_;
+  std::unique_ptr<StagingPool> staging_;  // made by the first call on device memory (mu_)
   size_t scratch_bytes_ = 0;
   std::vector<int> ring_;      // rank at each ring position (algorithms::Context::ring)
   std::vector<int> ring_pos_;  // position of each rank

@@ -2,6 +2,7 @@
 #include "ringreduce/communicator.h"
 
 #include "comm/comm_impl.h"
+#include "comm/device.h"
 
 namespace ringreduce {
 
@@ -295,6 +296,7 @@ int Communicator::recv(void* buf, size_t count, DataType dtype, int peer, uint64
                        const CallOptions& call) {
   auto op = impl().submit_p2p(p2p(false, buf, count, dtype, peer, tag), call, false);
   impl().wait(*op, std::nullopt);
+  if (op->stage) op->stage->synchronize();  // device memory: the stream copies it into buf
   return op->p2p.source;
 }
 

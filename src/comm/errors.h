@@ -43,4 +43,15 @@ inline std::exception_ptr with_prefix(const Error& e, const std::string& prefix,
   return rebuild(e, prefix + e.what() + suffix);
 }
 
+// The message of any exception (for wrapping one that is not an Error).
+inline std::string message_of(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
 }  // namespace ringreduce::detail

@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "comm/comm_impl.h"
+#include "comm/device.h"
 #include "comm/errors.h"
 #include "ringreduce/error.h"
 
@@ -29,6 +30,7 @@ std::shared_ptr<OpState> CommImpl::submit_p2p(const P2pArgs& a, const CallOption
     op->error = std::move(e);
     op->finished.store(true);
     op->fired = true;  // nobody else has op yet: a later then() runs at once
+    if (op->stage) op->stage->release();
     return op;
   };
   auto bad = [&](const std::string& why) {
@@ -45,6 +47,28 @@ std::shared_ptr<OpState> CommImpl::submit_p2p(const P2pArgs& a, const CallOption
   if (a.peer == rank_) return bad("a rank cannot send to or receive from itself");
   if (r.bytes > 0 && a.buf == nullptr) return bad("the buffer is null");
   r.deadline = core::Deadline::after(op->timeout);
+  algorithms::Args as_args;  // the buffer, as DeviceStage sees a call's
+  if (a.send)
+    as_args.send = a.buf;
+  else
+    as_args.recv = a.buf;
+  if (r.bytes > 0 && DeviceStage::wanted(as_args, call)) {
+    // Device memory: staged on the stream. A receive lands in host memory and the stream copies
+    // it out when it completes; a send waits here until the stream has copied its data out, so
+    // that the engine may send it as soon as the receiver is ready.
+    try {
+      op->args = as_args;
+      stage_device(*op, call);
+      r.buf = a.send ? const_cast<void*>(op->args.send) : op->args.recv;
+      if (a.send) op->stage->wait_input(r.deadline);
+    } catch (const Error& e) {
+      return reject(rebuild(e, r.describe(rank_) + ": " + e.what()));
+    } catch (...) {
+      return reject(std::make_exception_ptr(
+          Error(r.describe(rank_) +
+                ": staging its device buffer failed: " + message_of(std::current_exception()))));
+    }
+  }
   bool inject = false;
   {
     std::lock_guard<std::mutex> lk(mu_);

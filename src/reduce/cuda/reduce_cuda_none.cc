@@ -1,10 +1,11 @@
-// reduce_cuda.h in a build without CUDA (RINGREDUCE_CUDA=OFF, or AUTO with no nvcc found):
+// reduce_cuda.h and runtime.h in a build without CUDA (RINGREDUCE_CUDA=OFF, or AUTO with no nvcc found):
 // nothing is available, and says so; the calls that would need a device refuse.
 #if !defined(RINGREDUCE_HAVE_CUDA)
 
 #include <string>
 
 #include "reduce/cuda/reduce_cuda.h"
+#include "reduce/cuda/runtime.h"
 #include "ringreduce/error.h"
 
 namespace ringreduce::reduce::cuda {
@@ -66,6 +67,34 @@ void EventTimer::stop(void*) {
 }
 double EventTimer::elapsed_ms() {
   refuse("EventTimer::elapsed_ms");
+}
+
+// runtime.h: CUDA is never in use through this build, so the communicator never stages.
+bool in_use() {
+  return false;
+}
+bool is_device_pointer(const void*) {
+  return false;
+}
+PinnedBuffer::PinnedBuffer(size_t bytes) : bytes_(bytes) {
+  refuse("PinnedBuffer");
+}
+PinnedBuffer::~PinnedBuffer() = default;
+Event::Event() {
+  refuse("Event");
+}
+Event::~Event() = default;
+void Event::record(void*) {
+  refuse("Event::record");
+}
+bool Event::done() {
+  refuse("Event::done");
+}
+void copy_async(void*, const void*, size_t, void*) {
+  refuse("copy_async");
+}
+void wait_value(void*, const uint32_t*, uint32_t) {
+  refuse("wait_value");
 }
 
 }  // namespace ringreduce::reduce::cuda

@@ -1,0 +1,223 @@
+// Staging device buffers through page-locked host memory (device.h).
+#include "comm/device.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "algorithms/collectives.h"
+#include "reduce/cuda/reduce_cuda.h"
+#include "reduce/cuda/runtime.h"
+#include "ringreduce/error.h"
+
+namespace ringreduce::detail {
+namespace {
+
+// CUDA's runtime (reduce/cuda/runtime.h). In a build without CUDA in_use() is false, so nothing
+// else is ever called.
+class CudaRuntime final : public DeviceRuntime {
+  struct Pinned final : HostMemory {
+    explicit Pinned(size_t bytes) : buffer(bytes) {}
+    char* data() override { return buffer.data(); }
+    reduce::cuda::PinnedBuffer buffer;
+  };
+  struct CudaEvent final : Event {
+    void record(void* stream) override { event.record(stream); }
+    bool done() override { return event.done(); }
+    reduce::cuda::Event event;
+  };
+
+ public:
+  bool in_use() override { return reduce::cuda::in_use(); }
+  bool is_device(const void* p) override { return reduce::cuda::is_device_pointer(p); }
+  std::unique_ptr<HostMemory> host_memory(size_t bytes) override {
+    return std::make_unique<Pinned>(bytes);
+  }
+  std::unique_ptr<Event> event() override { return std::make_unique<CudaEvent>(); }
+  void copy(void* dst, const void* src, size_t bytes, void* stream) override {
+    reduce::cuda::copy_async(dst, src, bytes, stream);
+  }
+  void wait_value(void* stream, const uint32_t* flag, uint32_t value) override {
+    reduce::cuda::wait_value(stream, flag, value);
+  }
+  void synchronize(void* stream) override { reduce::cuda::synchronize(stream); }
+};
+
+std::mutex g_runtime_mu;
+std::shared_ptr<DeviceRuntime> g_runtime;  // a test's; null: CUDA's
+
+// Staging regions start on their own cache lines (and keep a vector load's alignment).
+constexpr size_t kAlign = 64;
+size_t align_up(size_t n) {
+  return (n + kAlign - 1) / kAlign * kAlign;
+}
+
+}  // namespace
+
+DeviceRuntime& device_runtime() {
+  static CudaRuntime cuda;
+  std::lock_guard<std::mutex> lk(g_runtime_mu);
+  return g_runtime ? *g_runtime : static_cast<DeviceRuntime&>(cuda);
+}
+
+void set_device_runtime(std::shared_ptr<DeviceRuntime> runtime) {
+  std::lock_guard<std::mutex> lk(g_runtime_mu);
+  g_runtime = std::move(runtime);
+}
+
+// ---- StagingPool -----------------------------------------------------------------------------
+
+StagingPool::Slot* StagingPool::acquire(size_t bytes) {
+  std::lock_guard<std::mutex> lk(mu_);
+  Slot* best = nullptr;
+  for (auto& s : slots_)
+    if (!s->busy && s->bytes >= bytes && (!best || s->bytes < best->bytes) && s->done->done())
+      best = s.get();
+  if (!best) {
+    // Free slots too small for this call would only grow the pool: a new, larger one replaces
+    // them (the pool holds at most what the ops in flight at once need).
+    std::erase_if(slots_, [&](const std::unique_ptr<Slot>& s) {
+      return !s->busy && s->bytes < bytes && s->done->done();
+    });
+    auto s = std::make_unique<Slot>();
+    s->bytes = std::max<size_t>(align_up(bytes), 64 << 10);
+    s->memory = runtime_.host_memory(kFlagBytes + s->bytes);
+    s->done = runtime_.event();
+    std::atomic_ref<uint32_t>(*s->flag()).store(0, std::memory_order_release);
+    best = s.get();
+    slots_.push_back(std::move(s));
+  }
+  best->busy = true;
+  ++best->generation;
+  if (best->generation == 0) best->generation = 1;  // 0 is the flag's value before any release
+  return best;
+}
+
+StagingPool::~StagingPool() {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (auto& s : slots_) {
+    try {
+      while (!s->done->done() && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+    } catch (...) {
+      // A failed stream has stopped copying: the memory can go.
+    }
+  }
+}
+
+void StagingPool::release(Slot* slot) {
+  std::lock_guard<std::mutex> lk(mu_);
+  slot->busy = false;
+}
+
+size_t StagingPool::slots() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return slots_.size();
+}
+
+// ---- DeviceStage -----------------------------------------------------------------------------
+
+bool DeviceStage::wanted(const algorithms::Args& args, const CallOptions& call) {
+  switch (call.memory) {
+    case Memory::host:
+      return false;
+    case Memory::device:
+      return true;
+    case Memory::automatic:
+      break;
+  }
+  DeviceRuntime& rt = device_runtime();
+  if (!rt.in_use()) return false;
+  return (args.send && rt.is_device(args.send)) ||
+         (args.recv && args.recv != args.send && rt.is_device(args.recv));
+}
+
+DeviceStage::DeviceStage(algorithms::Args& args, size_t send_bytes, size_t recv_bytes,
+                         const CallOptions& call, DeviceRuntime& runtime, StagingPool& pool)
+    : runtime_(runtime), pool_(pool), stream_(call.stream) {
+  auto on_device = [&](const void* p, size_t bytes) {
+    if (!p || bytes == 0) return false;
+    return call.memory == Memory::device || runtime.is_device(p);
+  };
+  const auto* send = static_cast<const char*>(args.send);
+  auto* recv = static_cast<char*>(args.recv);
+  const bool send_dev = on_device(send, send_bytes), recv_dev = on_device(recv, recv_bytes);
+  // One region for buffers that overlap (in place, or a block of the other as NCCL's in-place
+  // convention has it), so that the host op sees the same placement; else one region each.
+  const bool overlap = send_dev && recv_dev && send < recv + recv_bytes && recv < send + send_bytes;
+  const char* lo = nullptr;
+  size_t total = 0, recv_at = 0;
+  if (overlap) {
+    lo = std::min<const char*>(send, recv);
+    total = static_cast<size_t>(
+        std::max(send + send_bytes, const_cast<const char*>(recv) + recv_bytes) - lo);
+  } else {
+    total = send_dev ? align_up(send_bytes) : 0;
+    recv_at = total;
+    total += recv_dev ? recv_bytes : 0;
+  }
+  input_ = runtime.event();
+  if (!send_dev && !recv_dev) {
+    input_->record(stream_);
+    released_ = true;  // nothing waits for this op on the stream
+    return;
+  }
+  slot_ = pool.acquire(total);
+  char* base = slot_->data();
+  char* host_send = nullptr;
+  char* host_recv = nullptr;
+  if (overlap) {
+    host_send = base + (send - lo);
+    host_recv = base + (recv - lo);
+  } else {
+    host_send = send_dev ? base : nullptr;
+    host_recv = recv_dev ? base + recv_at : nullptr;
+  }
+  try {
+    if (send_dev) runtime.copy(host_send, send, send_bytes, stream_);
+    input_->record(stream_);
+    runtime.wait_value(stream_, slot_->flag(), slot_->generation);
+    if (recv_dev) runtime.copy(recv, host_recv, recv_bytes, stream_);
+    slot_->done->record(stream_);
+  } catch (...) {
+    // Whatever was enqueued must not wait for a release that will never come.
+    release();
+    throw;
+  }
+  if (send_dev) args.send = host_send;
+  if (recv_dev) args.recv = host_recv;
+}
+
+DeviceStage::~DeviceStage() {
+  release();
+}
+
+bool DeviceStage::input_ready() {
+  return input_->done();
+}
+
+void DeviceStage::wait_input(const core::Deadline& deadline) {
+  // Spin briefly (the stream is usually there already), then poll gently: the op's driver has
+  // nothing else to do until its input is in host memory.
+  for (int spins = 0;; ++spins) {
+    if (input_->done()) return;
+    if (deadline.expired())
+      throw TimeoutError(
+          "the call's input was not ready on its CUDA stream within the timeout "
+          "(the stream is blocked, or waits for work issued after this call)");
+    if (spins < 64)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+void DeviceStage::release() {
+  if (released_) return;
+  released_ = true;
+  std::atomic_ref<uint32_t>(*slot_->flag()).store(slot_->generation, std::memory_order_release);
+  pool_.release(slot_);
+}
+
+}  // namespace ringreduce::detail

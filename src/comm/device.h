@@ -1,0 +1,131 @@
+// Device memory in collectives (issue 17): the runtime the communicator stages device buffers
+// through, and the staging itself.
+//
+// A call on device memory is stream-ordered (NCCL's semantics): when it is issued, the copy of
+// its input into page-locked host memory, a wait for the communicator, and the copy of the
+// output back are enqueued on the caller's stream, and the call returns. The op runs on the host
+// buffers like any other, in issue order, once the stream has reached the call (the op's driver
+// polls an event; a stream that does not get there within the op's timeout fails it); finishing
+// it (done or failed) releases the stream, whose later work then sees the result. So a training
+// loop may issue an allreduce right after the kernels that compute its input, without waiting
+// for them.
+//
+// Host staging is the path every transport can take; device-to-device links between the ranks
+// of a host are the next step (docs/GPU.md).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "algorithms/algorithm.h"
+#include "core/deadline.h"
+#include "ringreduce/communicator.h"
+
+namespace ringreduce::detail {
+
+// What staging needs from a device runtime. CUDA's in production (reduce/cuda/runtime.h); the
+// tests install an emulation whose streams are worker threads, so that the staging's order of
+// work is checked on machines without a GPU.
+class DeviceRuntime {
+ public:
+  struct HostMemory {
+    virtual ~HostMemory() = default;
+    virtual char* data() = 0;  // page-locked and reachable from the device
+  };
+  struct Event {
+    virtual ~Event() = default;
+    virtual void record(void* stream) = 0;
+    virtual bool done() = 0;  // throws if the stream's work failed
+  };
+
+  virtual ~DeviceRuntime() = default;
+  // Whether a runtime is in use in this process at all: false means no pointer is device memory
+  // and is_device() need not be asked (CallOptions::memory automatic costs nothing then).
+  virtual bool in_use() = 0;
+  virtual bool is_device(const void* p) = 0;
+  virtual std::unique_ptr<HostMemory> host_memory(size_t bytes) = 0;
+  virtual std::unique_ptr<Event> event() = 0;
+  // Enqueued on the stream, in any direction.
+  virtual void copy(void* dst, const void* src, size_t bytes, void* stream) = 0;
+  // Enqueues a wait until *flag == value (flag in host_memory()).
+  virtual void wait_value(void* stream, const uint32_t* flag, uint32_t value) = 0;
+  // Waits for everything enqueued on the stream; throws its error.
+  virtual void synchronize(void* stream) = 0;
+};
+
+// The process's runtime: the one a test installed, else CUDA's (which, in a build without CUDA,
+// is never in use).
+DeviceRuntime& device_runtime();
+// For tests: replaces the runtime (null: back to CUDA's). Not while communicators have ops on it.
+void set_device_runtime(std::shared_ptr<DeviceRuntime> runtime);
+
+// Page-locked staging memory, kept per communicator and reused: a buffer is taken by an op and
+// can be taken again once the stream has passed the op's last copy out of it, so that only the
+// first call of a size pays for allocating and pinning (what made Baidu's first call 7.5x slower
+// than its median).
+class StagingPool {
+ public:
+  struct Slot {
+    std::unique_ptr<DeviceRuntime::HostMemory> memory;
+    size_t bytes = 0;                            // usable bytes after the flag's line
+    std::unique_ptr<DeviceRuntime::Event> done;  // recorded after the op's last copy out
+    uint32_t generation = 0;                     // the flag's value that releases the stream
+    bool busy = false;
+    uint32_t* flag() { return reinterpret_cast<uint32_t*>(memory->data()); }
+    char* data() { return memory->data() + kFlagBytes; }
+  };
+  static constexpr size_t kFlagBytes = 64;  // the flag's own cache line
+
+  explicit StagingPool(DeviceRuntime& runtime) : runtime_(runtime) {}
+  // Waits (up to 10 s) for the streams to finish their copies out of the slots before freeing.
+  ~StagingPool();
+  // A free slot of at least `bytes` whose stream has passed its last use; else a new one.
+  Slot* acquire(size_t bytes);
+  void release(Slot* slot);
+  size_t slots() const;
+
+ private:
+  DeviceRuntime& runtime_;
+  mutable std::mutex mu_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+};
+
+// One call's staging: which of its buffers are on the device, the host buffers that stand in for
+// them, and the stream it is ordered on.
+class DeviceStage {
+ public:
+  // Whether the call has device buffers (CallOptions::memory, or asking the runtime).
+  static bool wanted(const algorithms::Args& args, const CallOptions& call);
+  // Maps args' device buffers to host staging (rewriting args.send/recv) and enqueues on
+  // call.stream: the input's copy, the input event, the wait for release(), the output's copy,
+  // the slot's done event. send_bytes/recv_bytes: what this rank's buffers hold.
+  DeviceStage(algorithms::Args& args, size_t send_bytes, size_t recv_bytes, const CallOptions& call,
+              DeviceRuntime& runtime, StagingPool& pool);
+  // Releases the stream if release() was not called (an op dropped on the way).
+  ~DeviceStage();
+  DeviceStage(const DeviceStage&) = delete;
+  DeviceStage& operator=(const DeviceStage&) = delete;
+
+  // Whether the input has been copied to host memory (the stream reached the call).
+  bool input_ready();
+  // Waits until input_ready(); a TimeoutError (naming the stream) at the deadline.
+  void wait_input(const core::Deadline& deadline);
+  // The op has finished (done or failed): the stream may copy the output and go on.
+  void release();
+  // Waits for the stream to pass the copy of the output (the blocking form's return).
+  void synchronize() { runtime_.synchronize(stream_); }
+
+ private:
+  DeviceRuntime& runtime_;
+  StagingPool& pool_;
+  StagingPool::Slot* slot_ = nullptr;
+  std::unique_ptr<DeviceRuntime::Event> input_;
+  void* stream_ = nullptr;
+  bool released_ = false;
+};
+
+}  // namespace ringreduce::detail

@@ -1,0 +1,61 @@
+// The few CUDA runtime services the communicator needs to stage device buffers through host
+// memory: is a pointer device memory, page-locked host memory the device can reach, events,
+// copies in any direction and a stream that waits for a host flag. Like reduce_cuda.h, no CUDA
+// types: streams are void* (a cudaStream_t), and in a build without CUDA every call refuses
+// (in_use() is false, so nothing asks).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ringreduce::reduce::cuda {
+
+// Whether this process uses CUDA already (the driver is loaded and initialised, by the
+// application or by torch). Cheap enough for every call: while false it looks again at most once
+// a second, and it never loads or initialises the driver itself, so a CPU-only program on a GPU
+// machine pays nothing and gets no CUDA context.
+bool in_use();
+// Whether p is device (or managed) memory. Asks the driver (cudaPointerGetAttributes); only call
+// it when in_use().
+bool is_device_pointer(const void* p);
+
+// Page-locked host memory, mapped into the device's address space (cudaHostAlloc, portable and
+// mapped): copies to and from it run at the bus's rate, and a stream can wait on a word of it.
+class PinnedBuffer {
+ public:
+  explicit PinnedBuffer(size_t bytes);
+  ~PinnedBuffer();
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  char* data() const { return ptr_; }
+  size_t size() const { return bytes_; }
+
+ private:
+  char* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// A point in a stream (cudaEvent_t without timing).
+class Event {
+ public:
+  Event();
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  void record(void* stream);
+  // Whether the stream has passed the recorded point (true for an event never recorded); throws
+  // the stream's error if its work failed.
+  bool done();
+
+ private:
+  void* event_ = nullptr;
+};
+
+// cudaMemcpyAsync with the direction found from the pointers (cudaMemcpyDefault).
+void copy_async(void* dst, const void* src, size_t bytes, void* stream);
+// Makes the stream wait until *flag == value; flag lies in a PinnedBuffer, and the host writes it
+// with a release store. cuStreamWaitValue32 where the device supports stream memory operations,
+// else a host function that polls the flag (it holds CUDA's callback thread meanwhile).
+void wait_value(void* stream, const uint32_t* flag, uint32_t value);
+
+}  // namespace ringreduce::reduce::cuda

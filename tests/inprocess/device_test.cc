@@ -1,0 +1,449 @@
+// Collectives and sends on device memory, through the staging path of comm/device.h, on an
+// emulated device: "device memory" is address space the host cannot touch (PROT_NONE; a host
+// access to it crashes the test), backed by host memory only the emulated streams' copies reach,
+// and a stream is a worker thread running its tasks in order. So these tests check, on machines
+// without a GPU, what the staging does: which bytes it copies in and out and where, that a call
+// returns before its stream has reached it, that the op waits for its input and releases the
+// stream when it finishes (done, failed or timed out), and that staging memory is reused. What
+// they cannot check is CUDA itself: scripts/gpu-check runs the same calls on a GPU.
+#include <sys/mman.h>
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+
+#include "comm/device.h"
+#include "harness.h"
+
+namespace rrtest {
+namespace {
+
+using ringreduce::CallOptions;
+using ringreduce::Communicator;
+using ringreduce::Memory;
+using ringreduce::detail::DeviceRuntime;
+
+// A stream: tasks run in order on a thread of its own. A gate holds it, as a long kernel would.
+class Stream {
+ public:
+  Stream() : thread_([this] { loop(); }) {}
+  ~Stream() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+      open_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void enqueue(std::function<void()> task) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      tasks_.push_back(std::move(task));
+    }
+    cv_.notify_all();
+  }
+  // Every task enqueued so far has run.
+  void synchronize() {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return tasks_.empty() && !running_; });
+  }
+  // A task that waits until open() (or the stream's end).
+  void gate() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      open_ = false;
+    }
+    enqueue([this] {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return open_; });
+    });
+  }
+  void open() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lk(mu_);
+    for (;;) {
+      cv_.wait(lk, [&] { return stop_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;
+      auto task = std::move(tasks_.front());
+      tasks_.pop_front();
+      running_ = true;
+      lk.unlock();
+      task();
+      lk.lock();
+      running_ = false;
+      cv_.notify_all();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+  bool running_ = false, stop_ = false, open_ = true;
+  std::thread thread_;
+};
+
+class EmulatedDevice final : public DeviceRuntime {
+ public:
+  static constexpr size_t kSpace = size_t{1} << 30;
+
+  EmulatedDevice() {
+    void* p = mmap(nullptr, kSpace, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) throw std::runtime_error("mmap");
+    base_ = static_cast<char*>(p);
+    backing_ = static_cast<char*>(mmap(nullptr, kSpace, PROT_READ | PROT_WRITE,
+                                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
+  }
+  ~EmulatedDevice() override {
+    munmap(base_, kSpace);
+    munmap(backing_, kSpace);
+  }
+
+  // "cudaMalloc": address space the host cannot touch.
+  char* alloc(size_t bytes) {
+    std::lock_guard<std::mutex> lk(mu_);
+    char* p = base_ + next_;
+    next_ += (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
+    if (next_ > kSpace) throw std::runtime_error("emulated device out of memory");
+    return p;
+  }
+  template <class T>
+  T* alloc_of(size_t n) {
+    return reinterpret_cast<T*>(alloc(n * sizeof(T)));
+  }
+  // The host's view of device memory, for the test to fill and read (never the library's).
+  template <class T>
+  T* view(T* device) {
+    return reinterpret_cast<T*>(translate(reinterpret_cast<char*>(device)));
+  }
+  Stream& default_stream() { return default_; }
+  size_t host_allocations() const { return host_allocations_.load(); }
+
+  bool in_use() override { return true; }
+  bool is_device(const void* p) override {
+    const auto* c = static_cast<const char*>(p);
+    return c >= base_ && c < base_ + kSpace;
+  }
+  std::unique_ptr<HostMemory> host_memory(size_t bytes) override {
+    ++host_allocations_;
+    struct Mem final : HostMemory {
+      explicit Mem(size_t n) : bytes(n) {}
+      char* data() override { return bytes.data(); }
+      std::vector<char> bytes;
+    };
+    return std::make_unique<Mem>(bytes);
+  }
+  std::unique_ptr<Event> event() override {
+    struct Ev final : Event {
+      explicit Ev(EmulatedDevice& d) : dev(d) {}
+      void record(void* stream) override {
+        auto state = std::make_shared<std::atomic<bool>>(false);
+        current = state;
+        dev.stream(stream).enqueue([state] { state->store(true); });
+      }
+      bool done() override { return !current || current->load(); }
+      EmulatedDevice& dev;
+      std::shared_ptr<std::atomic<bool>> current;
+    };
+    return std::make_unique<Ev>(*this);
+  }
+  void copy(void* dst, const void* src, size_t bytes, void* s) override {
+    if (bytes == 0) return;
+    char* d = translate(static_cast<char*>(dst));
+    const char* from = translate(const_cast<char*>(static_cast<const char*>(src)));
+    stream(s).enqueue([=] { std::memcpy(d, from, bytes); });
+  }
+  void wait_value(void* s, const uint32_t* flag, uint32_t value) override {
+    stream(s).enqueue([flag, value] {
+      std::atomic_ref<const uint32_t> f(*flag);
+      // Bounded, so that a staging bug fails the test instead of hanging it.
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      while (f.load(std::memory_order_acquire) != value) {
+        if (std::chrono::steady_clock::now() > until) {
+          std::cerr << "emulated stream: the flag was never released\n";
+          std::abort();
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+      }
+    });
+  }
+  void synchronize(void* s) override { stream(s).synchronize(); }
+
+ private:
+  Stream& stream(void* s) { return s ? *static_cast<Stream*>(s) : default_; }
+  char* translate(char* p) { return is_device(p) ? backing_ + (p - base_) : p; }
+
+  std::mutex mu_;
+  char* base_ = nullptr;
+  char* backing_ = nullptr;
+  size_t next_ = 0;
+  std::atomic<size_t> host_allocations_{0};
+  Stream default_;
+};
+
+class Device : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dev_ = std::make_shared<EmulatedDevice>();
+    ringreduce::detail::set_device_runtime(dev_);
+  }
+  void TearDown() override { ringreduce::detail::set_device_runtime(nullptr); }
+  std::shared_ptr<EmulatedDevice> dev_;
+};
+
+// allreduce in and out of place, blocking and async, detected and stated: every element right.
+TEST_F(Device, AllreduceEveryPlacementAndForm) {
+  for (int n : {1, 2, 3})
+    run_ranks(n, [&](Communicator& comm) {
+      Stream stream;
+      const int me = comm.rank();
+      for (size_t count : {size_t{1}, size_t{1000}, size_t{300001}})
+        for (int form = 0; form < 4; ++form) {
+          const bool in_place = form & 1, async = form & 2;
+          float* send = dev_->alloc_of<float>(count);
+          float* recv = in_place ? send : dev_->alloc_of<float>(count);
+          for (size_t i = 0; i < count; ++i) dev_->view(send)[i] = float(me + 1) * float(i % 97);
+          CallOptions call;
+          call.stream = &stream;
+          call.memory = form == 3 ? Memory::device : Memory::automatic;
+          if (async) {
+            auto w = comm.allreduce_async(send, recv, count, DataType::f32, ReduceOp::sum, call);
+            w.wait();
+            stream.synchronize();
+          } else {
+            comm.allreduce(send, recv, count, DataType::f32, ReduceOp::sum, call);
+          }
+          const float ranks = float(n * (n + 1) / 2);
+          for (size_t i = 0; i < count; ++i)
+            ASSERT_EQ(dev_->view(recv)[i], ranks * float(i % 97))
+                << "n=" << n << " count " << count << " form " << form << " element " << i;
+        }
+    });
+}
+
+// The call returns while its stream is still busy with earlier work; the op runs once the
+// stream gets there, and the stream's later work sees the result.
+TEST_F(Device, StreamOrderedCallReturnsAtOnce) {
+  run_ranks(2, [&](Communicator& comm) {
+    Stream stream;
+    const size_t count = 4096;
+    int* buf = dev_->alloc_of<int>(count);
+    int* after = dev_->alloc_of<int>(count);  // the stream's next work copies the result here
+    stream.gate();                            // "the kernels that compute the gradients"
+    for (size_t i = 0; i < count; ++i) dev_->view(buf)[i] = comm.rank() + 1;
+    CallOptions call;
+    call.stream = &stream;
+    auto w = comm.allreduce_async(buf, buf, count, DataType::i32, ReduceOp::sum, call);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_FALSE(w.test()) << "the op ran before its stream reached it";
+    dev_->copy(after, buf, count * sizeof(int), &stream);
+    stream.open();
+    w.wait();
+    stream.synchronize();
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ(dev_->view(after)[i], 3) << i;
+  });
+}
+
+// Every collective and a send/receive on device memory give what they give on host memory,
+// including the in-place conventions and the buffers only some ranks pass.
+TEST_F(Device, EveryCollectiveAsOnHost) {
+  const int n = 3;
+  run_ranks(n, [&](Communicator& comm) {
+    Stream stream;
+    CallOptions call;
+    call.stream = &stream;
+    const int me = comm.rank();
+    const size_t c = 1001;
+    const size_t N = size_t(n);
+    auto dev_copy = [&](const std::vector<int64_t>& v) {
+      int64_t* d = dev_->alloc_of<int64_t>(v.size());
+      std::copy(v.begin(), v.end(), dev_->view(d));
+      return d;
+    };
+    auto host_of = [&](int64_t* d, size_t len) {
+      return std::vector<int64_t>(dev_->view(d), dev_->view(d) + len);
+    };
+    std::vector<int64_t> one(c), many(c * N);
+    for (size_t i = 0; i < c; ++i) one[i] = me * 100000 + int64_t(i);
+    for (size_t i = 0; i < c * N; ++i) many[i] = me * 10000000 + int64_t(i);
+    const auto T = DataType::i64;
+
+    // reduce_scatter, in place: recv is block `rank` of send.
+    {
+      std::vector<int64_t> want(c);
+      comm.reduce_scatter(many.data(), want.data(), c, T, ReduceOp::sum);
+      int64_t* d = dev_copy(many);
+      comm.reduce_scatter(d, d + c * size_t(me), c, T, ReduceOp::sum, call);
+      EXPECT_EQ(host_of(d + c * size_t(me), c), want) << "reduce_scatter in place";
+    }
+    // allgather, in place (send is block `rank` of recv) and out of place.
+    {
+      std::vector<int64_t> want(c * N);
+      comm.allgather(one.data(), want.data(), c, T);
+      std::vector<int64_t> init(c * N, -1);
+      std::copy(one.begin(), one.end(), init.begin() + long(c * size_t(me)));
+      int64_t* d = dev_copy(init);
+      comm.allgather(d + c * size_t(me), d, c, T, call);
+      EXPECT_EQ(host_of(d, c * N), want) << "allgather in place";
+      int64_t* s = dev_copy(one);
+      int64_t* r = dev_copy(std::vector<int64_t>(c * N, -1));
+      comm.allgather(s, r, c, T, call);
+      EXPECT_EQ(host_of(r, c * N), want) << "allgather";
+    }
+    // broadcast out of place (send read on the root only), reduce (recv on the root only).
+    for (int root : {0, n - 1}) {
+      std::vector<int64_t> want(c);
+      comm.broadcast(one.data(), want.data(), c, T, root);
+      int64_t* s = me == root ? dev_copy(one) : nullptr;
+      int64_t* r = dev_copy(std::vector<int64_t>(c, -1));
+      comm.broadcast(s, r, c, T, root, call);
+      EXPECT_EQ(host_of(r, c), want) << "broadcast root " << root;
+
+      std::vector<int64_t> red(c, -1);
+      comm.reduce(one.data(), me == root ? red.data() : nullptr, c, T, ReduceOp::max, root);
+      int64_t* rr = me == root ? dev_copy(std::vector<int64_t>(c, -1)) : nullptr;
+      comm.reduce(dev_copy(one), rr, c, T, ReduceOp::max, root, call);
+      if (me == root) {
+        EXPECT_EQ(host_of(rr, c), red) << "reduce root " << root;
+      }
+    }
+    // gather and scatter at the last rank, alltoall.
+    {
+      const int root = n - 1;
+      std::vector<int64_t> want(c * N, -1);
+      comm.gather(one.data(), me == root ? want.data() : nullptr, c, T, root);
+      int64_t* r = me == root ? dev_copy(std::vector<int64_t>(c * N, -1)) : nullptr;
+      comm.gather(dev_copy(one), r, c, T, root, call);
+      if (me == root) {
+        EXPECT_EQ(host_of(r, c * N), want) << "gather";
+      }
+
+      std::vector<int64_t> got(c);
+      comm.scatter(me == root ? many.data() : nullptr, got.data(), c, T, root);
+      int64_t* d = dev_copy(std::vector<int64_t>(c, -1));
+      comm.scatter(me == root ? dev_copy(many) : nullptr, d, c, T, root, call);
+      EXPECT_EQ(host_of(d, c), got) << "scatter";
+
+      std::vector<int64_t> a2a(c * N);
+      comm.alltoall(many.data(), a2a.data(), c, T);
+      int64_t* ar = dev_copy(std::vector<int64_t>(c * N, -1));
+      comm.alltoall(dev_copy(many), ar, c, T, call);
+      EXPECT_EQ(host_of(ar, c * N), a2a) << "alltoall";
+    }
+    // The v-collectives: blocks of their own sizes.
+    {
+      const std::vector<size_t> counts = {3, 0, 70001};
+      const size_t total = 70004;
+      std::vector<int64_t> mine(counts[size_t(me)], me), all(total);
+      comm.allgatherv(mine.data(), all.data(), counts, T);
+      int64_t* r = dev_copy(std::vector<int64_t>(total, -1));
+      comm.allgatherv(dev_copy(mine), r, counts, T, call);
+      EXPECT_EQ(host_of(r, total), all) << "allgatherv";
+
+      std::vector<int64_t> src(total, me + 1), part(counts[size_t(me)]);
+      comm.reduce_scatterv(src.data(), part.data(), counts, T, ReduceOp::sum);
+      int64_t* p = dev_copy(std::vector<int64_t>(counts[size_t(me)], -1));
+      comm.reduce_scatterv(dev_copy(src), p, counts, T, ReduceOp::sum, call);
+      EXPECT_EQ(host_of(p, counts[size_t(me)]), part) << "reduce_scatterv";
+
+      // alltoallv: rank i sends (i + j + 1) * 5 elements to rank j.
+      std::vector<size_t> sc(N), rc(N);
+      size_t st = 0, rt = 0;
+      for (int j = 0; j < n; ++j) {
+        sc[size_t(j)] = size_t(me + j + 1) * 5;
+        rc[size_t(j)] = size_t(j + me + 1) * 5;
+        st += sc[size_t(j)];
+        rt += rc[size_t(j)];
+      }
+      std::vector<int64_t> s(st), want(rt);
+      for (size_t i = 0; i < st; ++i) s[i] = me * 1000 + int64_t(i);
+      comm.alltoallv(s.data(), sc, want.data(), rc, T);
+      int64_t* vr = dev_copy(std::vector<int64_t>(rt, -1));
+      comm.alltoallv(dev_copy(s), sc, vr, rc, T, call);
+      EXPECT_EQ(host_of(vr, rt), want) << "alltoallv";
+    }
+    // send and receive around the ring, small (eager) and large.
+    for (size_t count : {size_t{3}, size_t{300000}}) {
+      std::vector<int64_t> msg(count, me * 7 + 1);
+      int64_t* d = dev_copy(msg);
+      int64_t* r = dev_copy(std::vector<int64_t>(count, -1));
+      const int right = (me + 1) % n, left = (me + n - 1) % n;
+      // The send first: it waits in this thread for the stream to copy its data out, and a
+      // receive queued on the stream before it would hold the stream until it arrived.
+      auto sw = comm.send_async(d, count, T, right, 5, call);
+      EXPECT_EQ(comm.recv(r, count, T, left, 5, call), left);
+      sw.wait();
+      EXPECT_EQ(host_of(r, count), std::vector<int64_t>(count, left * 7 + 1)) << "recv " << count;
+    }
+  });
+}
+
+// Host and device buffers mixed in one call: only the device one is staged.
+TEST_F(Device, HostInputDeviceOutput) {
+  run_ranks(2, [&](Communicator& comm) {
+    Stream stream;
+    CallOptions call;
+    call.stream = &stream;
+    std::vector<double> in(777, comm.rank() + 0.5);
+    double* out = dev_->alloc_of<double>(777);
+    comm.allreduce(in.data(), out, in.size(), DataType::f64, ReduceOp::sum, call);
+    for (size_t i = 0; i < in.size(); ++i) ASSERT_EQ(dev_->view(out)[i], 2.0) << i;
+  });
+}
+
+// Staging memory is allocated by the first call of a size and reused by the next ones.
+TEST_F(Device, StagingIsPooled) {
+  run_ranks(2, [&](Communicator& comm) {
+    Stream stream;
+    CallOptions call;
+    call.stream = &stream;
+    float* buf = dev_->alloc_of<float>(100000);
+    std::fill(dev_->view(buf), dev_->view(buf) + 100000, 1.0f);
+    for (int k = 0; k < 20; ++k)
+      comm.allreduce(buf, buf, 100000, DataType::f32, ReduceOp::avg, call);
+    EXPECT_EQ(dev_->view(buf)[99999], 1.0f);
+  });
+  // One slot per rank, whatever the number of calls.
+  EXPECT_EQ(dev_->host_allocations(), 2u);
+}
+
+// A stream that never reaches the call: the op fails with a timeout naming the rank and the call
+// (and the peers learn it), and the stream is released rather than left waiting.
+TEST_F(Device, StreamThatNeverArrivesTimesOut) {
+  std::atomic<int> timeouts{0};
+  run_ranks(
+      2,
+      [&](Communicator& comm) {
+        Stream stream;
+        float* buf = dev_->alloc_of<float>(64);
+        CallOptions call;
+        call.stream = &stream;
+        if (comm.rank() == 1) stream.gate();  // never opened before the deadline
+        try {
+          comm.allreduce(buf, buf, 64, DataType::f32, ReduceOp::sum, call);
+          ADD_FAILURE() << "rank " << comm.rank() << ": the allreduce did not fail";
+        } catch (const ringreduce::Error& e) {
+          const std::string what = e.what();
+          if (comm.rank() == 1) {
+            EXPECT_EQ(e.code(), ringreduce::ErrorCode::timeout) << what;
+            EXPECT_NE(what.find("rank 1: allreduce"), std::string::npos) << what;
+            EXPECT_NE(what.find("CUDA stream"), std::string::npos) << what;
+            ++timeouts;
+          }
+        }
+        stream.open();
+        stream.synchronize();  // returns: the failed op released the stream
+      },
+      {}, std::chrono::milliseconds(1500));
+  EXPECT_EQ(timeouts.load(), 1);
+}
+
+}  // namespace
+}  // namespace rrtest
