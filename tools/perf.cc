@@ -20,6 +20,7 @@
 
 #include "core/config.h"
 #include "exact_data.h"
+#include "reduce/cuda/reduce_cuda.h"
 #include "ringreduce/ringreduce.hpp"
 
 namespace {
@@ -42,6 +43,7 @@ struct Args {
   std::vector<ReduceOp> ops{ReduceOp::sum};
   std::string algo;
   double target_seconds = 0.2;
+  bool device = false;  // -M device: buffers in CUDA device memory
 };
 
 [[noreturn]] void usage(const char* why) {
@@ -53,7 +55,8 @@ struct Args {
       "  [-c CHECK 0|1]\n"
       "  [-d float|half|bfloat16|double|int8|uint8|int16|int32|uint32|int64|uint64|bool|all]\n"
       "  [-o sum|prod|min|max|avg|band|bor|bxor|premul_sum|all] [-r ROOT] [-a ALGO]\n"
-      "  [-T SECONDS_PER_SIZE]\n"
+      "  [-T SECONDS_PER_SIZE] [-M host|device (buffers in CUDA device memory; every call\n"
+      "  stream-ordered on the default stream and timed to the stream's end)]\n"
       "   or: ringreduce-perf --calibrate FILE\n"
       "  measures the links and the reduce kernel at length (30 batches instead of start-up's 3)\n"
       "  and writes them to FILE for RINGREDUCE_TUNING_FILE, replacing the line for this link\n"
@@ -102,7 +105,11 @@ Args parse(int argc, char** argv) {
       a.algo = v;
     else if (f == "-T")
       a.target_seconds = std::atof(v);
-    else if (f == "-d") {
+    else if (f == "-M") {
+      if (std::string(v) != "host" && std::string(v) != "device")
+        usage((std::string("-M takes host or device, not ") + v).c_str());
+      a.device = std::string(v) == "device";
+    } else if (f == "-d") {
       a.dtypes.clear();
       if (std::string(v) == "all") {
         for (int t = 0; t < kNumDataTypes; ++t) a.dtypes.push_back(static_cast<DataType>(t));
@@ -161,17 +168,29 @@ struct Bench {
   size_t block;  // per-rank elements for the block collectives
   // Page-aligned, like the buffers users pass (torch allocates 64-byte aligned tensors, nccl-tests
   // cudaMalloc'd ones); malloc's 16-byte offset would time split vector loads instead.
+  // -M device: the buffers are device memory (cudaMalloc), with a host copy that the checks
+  // fill and read (uploaded before a checked run, downloaded after).
   struct Buffer {
     std::unique_ptr<char, decltype(&std::free)> p{nullptr, &std::free};
+    std::unique_ptr<reduce::cuda::DeviceBuffer> dev;
     size_t n = 0;
-    void assign(size_t bytes, char v) {
+    void assign(size_t bytes, char v, bool device) {
       p.reset(static_cast<char*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096)));
       if (!p) throw std::bad_alloc();
       n = bytes;
       std::memset(p.get(), v, bytes);
+      if (device) dev = std::make_unique<reduce::cuda::DeviceBuffer>(bytes);
     }
-    char* data() { return p.get(); }
+    // What the calls are given: device memory with -M device.
+    char* data() { return dev ? static_cast<char*>(dev->data()) : p.get(); }
+    char* host() { return p.get(); }
     size_t size() const { return n; }
+    void upload() {
+      if (dev) dev->upload(p.get(), n);
+    }
+    void download() {
+      if (dev) dev->download(p.get(), n);
+    }
   };
   Buffer send, recv;
 
@@ -182,8 +201,8 @@ struct Bench {
   size_t recv_elems() const { return args.coll == Coll::reduce_scatter ? block : count; }
 
   void allocate() {
-    send.assign(std::max<size_t>(1, send_elems() * elem()), 0);
-    recv.assign(std::max<size_t>(1, count * elem()), 0);
+    send.assign(std::max<size_t>(1, send_elems() * elem()), 0, args.device);
+    recv.assign(std::max<size_t>(1, count * elem()), 0, args.device);
   }
 
   // The receive pointer of the in-place variant (nccl-tests conventions).
@@ -199,22 +218,28 @@ struct Bench {
     return in_place_recv();
   }
 
+  CallOptions call() const {
+    CallOptions c;
+    // Host buffers take the default (automatic) path, so rows time what a user's call pays.
+    c.memory = args.device ? Memory::device : Memory::automatic;
+    return c;
+  }
   Work issue(bool in_place) {
     const void* s = in_place ? in_place_send() : send.data();
     void* d = in_place ? in_place_dst() : recv.data();
     switch (args.coll) {
       case Coll::allreduce:
-        return comm.allreduce_async(s, d, count, dtype, op);
+        return comm.allreduce_async(s, d, count, dtype, op, call());
       case Coll::reduce_scatter:
-        return comm.reduce_scatter_async(s, d, block, dtype, op);
+        return comm.reduce_scatter_async(s, d, block, dtype, op, call());
       case Coll::allgather:
-        return comm.allgather_async(s, d, block, dtype);
+        return comm.allgather_async(s, d, block, dtype, call());
       case Coll::broadcast:
-        return comm.broadcast_async(s, d, count, dtype, args.root);
+        return comm.broadcast_async(s, d, count, dtype, args.root, call());
       case Coll::reduce:
-        return comm.reduce_async(s, d, count, dtype, op, args.root);
+        return comm.reduce_async(s, d, count, dtype, op, args.root, call());
       case Coll::alltoall:
-        return comm.alltoall_async(s, d, block, dtype);
+        return comm.alltoall_async(s, d, block, dtype, call());
     }
     return {};
   }
@@ -224,22 +249,22 @@ struct Bench {
     void* d = in_place ? in_place_dst() : recv.data();
     switch (args.coll) {
       case Coll::allreduce:
-        comm.allreduce(s, d, count, dtype, op);
+        comm.allreduce(s, d, count, dtype, op, call());
         break;
       case Coll::reduce_scatter:
-        comm.reduce_scatter(s, d, block, dtype, op);
+        comm.reduce_scatter(s, d, block, dtype, op, call());
         break;
       case Coll::allgather:
-        comm.allgather(s, d, block, dtype);
+        comm.allgather(s, d, block, dtype, call());
         break;
       case Coll::broadcast:
-        comm.broadcast(s, d, count, dtype, args.root);
+        comm.broadcast(s, d, count, dtype, args.root, call());
         break;
       case Coll::reduce:
-        comm.reduce(s, d, count, dtype, op, args.root);
+        comm.reduce(s, d, count, dtype, op, args.root, call());
         break;
       case Coll::alltoall:
-        comm.alltoall(s, d, block, dtype);
+        comm.alltoall(s, d, block, dtype, call());
         break;
     }
   }
@@ -251,29 +276,41 @@ struct Bench {
       case Coll::allreduce:
       case Coll::reduce:
       case Coll::reduce_scatter:
-        fill_input(send.data(), count, r(), dtype, op);
+        fill_input(send.host(), count, r(), dtype, op);
         break;
       case Coll::allgather:
-        fill_input(in_place ? recv.data() + static_cast<size_t>(r()) * block * elem() : send.data(),
+        fill_input(in_place ? recv.host() + static_cast<size_t>(r()) * block * elem() : send.host(),
                    block, r(), dtype, op, static_cast<size_t>(r()) * block);
         break;
       case Coll::broadcast:
-        if (r() == args.root) fill_input(send.data(), count, r(), dtype, op);
-        if (in_place && r() != args.root) std::memset(send.data(), 0, count * elem());
+        if (r() == args.root) fill_input(send.host(), count, r(), dtype, op);
+        if (in_place && r() != args.root) std::memset(send.host(), 0, count * elem());
         break;
       case Coll::alltoall:
         // Block j goes to rank j; its content identifies the sender (rank r) and position.
         for (int j = 0; j < n(); ++j)
-          fill_input(send.data() + static_cast<size_t>(j) * block * elem(), block, r(), dtype, op,
+          fill_input(send.host() + static_cast<size_t>(j) * block * elem(), block, r(), dtype, op,
                      static_cast<size_t>(j) * block);
         break;
     }
-    if (!in_place) std::memset(recv.data(), 0, recv.size());
+    if (!in_place) std::memset(recv.host(), 0, recv.size());
+    send.upload();
+    recv.upload();
+  }
+
+  // The host's view of a pointer into send or recv.
+  const char* host_of(const void* p) {
+    const char* c = static_cast<const char*>(p);
+    for (Buffer* b : {&send, &recv})
+      if (c >= b->data() && c < b->data() + b->size()) return b->host() + (c - b->data());
+    return c;
   }
 
   size_t wrong(bool in_place) {
     using namespace exact;
-    const char* out = static_cast<const char*>(in_place ? in_place_dst() : recv.data());
+    send.download();
+    recv.download();
+    const char* out = host_of(in_place ? in_place_dst() : recv.data());
     switch (args.coll) {
       case Coll::allreduce:
         return count_wrong_reduced(out, count, n(), dtype, op);
@@ -401,6 +438,8 @@ int calibrate(const std::string& path) {
 int main(int argc, char** argv) {
   if (argc == 3 && std::string(argv[1]) == "--calibrate") return calibrate(argv[2]);
   Args args = parse(argc, argv);
+  if (args.device && !reduce::cuda::available())
+    usage(("-M device: " + reduce::cuda::unavailable_reason()).c_str());
   try {
     Options options;
     if (!args.algo.empty()) options.settings["RINGREDUCE_ALGO"] = args.coll_name + ":" + args.algo;
@@ -415,7 +454,9 @@ int main(int argc, char** argv) {
                   args.coll_name.c_str(), n,
                   args.iters > 0 ? std::to_string(args.iters).c_str() : "adaptive", args.warmup,
                   args.check ? 1 : 0);
-      std::printf("#  Rank  0 Pid %6d on %s\n#\n", getpid(), host);
+      std::printf("#  Rank  0 Pid %6d on %s\n", getpid(), host);
+      std::printf("#  Buffers in %s memory%s\n#\n", args.device ? "device" : "host",
+                  args.device ? (" (" + reduce::cuda::device_description() + ")").c_str() : "");
       std::printf("# %10s %12s %8s %6s %6s  %9s %7s %7s %6s  %9s %7s %7s %6s  %s\n", "", "", "", "",
                   "", "out-of-place", "", "", "", "in-place", "", "", "", "");
       std::printf("# %10s %12s %8s %6s %6s  %9s %7s %7s %6s  %9s %7s %7s %6s  %s\n", "size",

@@ -44,8 +44,10 @@ class CudaRuntime final : public DeviceRuntime {
   void synchronize(void* stream) override { reduce::cuda::synchronize(stream); }
 };
 
-std::mutex g_runtime_mu;
-std::shared_ptr<DeviceRuntime> g_runtime;  // a test's; null: CUDA's
+// A test's runtime, else null (CUDA's). Read on every call's path: an atomic, not a lock.
+std::atomic<DeviceRuntime*> g_override{nullptr};
+std::mutex g_override_mu;
+std::shared_ptr<DeviceRuntime> g_override_owner;  // keeps g_override alive (g_override_mu)
 
 // Staging regions start on their own cache lines (and keep a vector load's alignment).
 constexpr size_t kAlign = 64;
@@ -57,13 +59,14 @@ size_t align_up(size_t n) {
 
 DeviceRuntime& device_runtime() {
   static CudaRuntime cuda;
-  std::lock_guard<std::mutex> lk(g_runtime_mu);
-  return g_runtime ? *g_runtime : static_cast<DeviceRuntime&>(cuda);
+  DeviceRuntime* o = g_override.load(std::memory_order_acquire);
+  return o ? *o : static_cast<DeviceRuntime&>(cuda);
 }
 
 void set_device_runtime(std::shared_ptr<DeviceRuntime> runtime) {
-  std::lock_guard<std::mutex> lk(g_runtime_mu);
-  g_runtime = std::move(runtime);
+  std::lock_guard<std::mutex> lk(g_override_mu);
+  g_override.store(runtime.get(), std::memory_order_release);
+  g_override_owner = std::move(runtime);
 }
 
 // ---- StagingPool -----------------------------------------------------------------------------

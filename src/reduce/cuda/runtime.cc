@@ -38,9 +38,12 @@ int64_t now_ns() {
 }
 
 // The driver's cuCtxGetCurrent if libcuda is loaded in this process; null otherwise. dlopen is
-// not free (it takes the loader's lock), so a miss is remembered for a second.
+// not free (it takes the loader's lock), and this is on every call's path: after a miss, a
+// thread looks again only after 256 calls and a second.
 CtxGetCurrent ctx_get_current() {
   if (CtxGetCurrent f = g_ctx_get_current.load(std::memory_order_acquire)) return f;
+  thread_local unsigned calls = 0;
+  if (++calls % 256 != 1) return nullptr;
   const int64_t now = now_ns();
   if (now < g_next_look_ns.load(std::memory_order_relaxed)) return nullptr;
   g_next_look_ns.store(now + 1'000'000'000, std::memory_order_relaxed);
