@@ -129,6 +129,36 @@ rr_result_t rr_work_wait(rr_work_t* work);
 rr_result_t rr_work_test(rr_work_t* work, int* done);
 void rr_work_free(rr_work_t* work);
 
+/* Stream-ordered calls on CUDA device memory (NCCL's semantics): the call is enqueued on
+ * `stream` (a cudaStream_t; NULL: the legacy default stream) and returns at once; the stream's
+ * later work sees the result. A call refused at once (a bad argument, a communicator that has
+ * failed) returns its error; a failure after it has returned is what rr_comm_async_error reports,
+ * and fails every later call. Without a usable CUDA device they fail with
+ * RR_ERR_INVALID_ARGUMENT. docs/GPU.md. */
+rr_result_t rr_allreduce_on_stream(rr_comm_t* comm, const void* send, void* recv, size_t count,
+                                   rr_dtype_t dtype, rr_op_t op, void* stream);
+rr_result_t rr_reduce_scatter_on_stream(rr_comm_t* comm, const void* send, void* recv,
+                                        size_t recv_count, rr_dtype_t dtype, rr_op_t op,
+                                        void* stream);
+rr_result_t rr_allgather_on_stream(rr_comm_t* comm, const void* send, void* recv, size_t send_count,
+                                   rr_dtype_t dtype, void* stream);
+/* Out of place: the root sends from send; every rank receives into recv (send == recv: in place).
+ */
+rr_result_t rr_broadcast_on_stream(rr_comm_t* comm, const void* send, void* recv, size_t count,
+                                   rr_dtype_t dtype, int root, void* stream);
+rr_result_t rr_reduce_on_stream(rr_comm_t* comm, const void* send, void* recv, size_t count,
+                                rr_dtype_t dtype, rr_op_t op, int root, void* stream);
+/* A send waits in the calling thread until the stream has reached it (its data leaves from host
+ * staging); a receive is enqueued like the collectives. Issue a send before a receive on one
+ * stream: a receive holds its stream until its message has arrived. */
+rr_result_t rr_send_on_stream(rr_comm_t* comm, const void* buf, size_t count, rr_dtype_t dtype,
+                              int peer, uint64_t tag, void* stream);
+rr_result_t rr_recv_on_stream(rr_comm_t* comm, void* buf, size_t count, rr_dtype_t dtype, int peer,
+                              uint64_t tag, void* stream);
+/* RR_OK, or the error of the first stream-ordered call that failed after returning (its message
+ * in rr_last_error(comm)); never blocks (ncclCommGetAsyncError). */
+rr_result_t rr_comm_async_error(rr_comm_t* comm);
+
 /* The message of the last failure on comm, or of the last failed init in this thread when comm is
  * NULL. Valid until the next call on comm (or init in this thread). */
 const char* rr_last_error(const rr_comm_t* comm);

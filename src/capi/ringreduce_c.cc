@@ -4,6 +4,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "ringreduce/communicator.h"
 
@@ -11,6 +12,11 @@ struct rr_comm {
   std::unique_ptr<ringreduce::Communicator> comm;
   mutable std::mutex mu;
   std::string last_error;
+  // Stream-ordered calls not yet known to have completed, and the first failure among them
+  // (rr_comm_async_error). Guarded by mu.
+  std::vector<ringreduce::Work> on_stream;
+  rr_result_t async_result = RR_OK;
+  std::string async_error;
 };
 
 struct rr_work {
@@ -311,3 +317,103 @@ const char* rr_strerror(rr_result_t r) {
 }
 
 }  // extern "C"
+
+// ---- stream-ordered calls --------------------------------------------------------------------
+
+namespace {
+
+// Drops the completed stream-ordered calls, keeping the first failure (c->mu held).
+void reap_locked(rr_comm* c) {
+  std::erase_if(c->on_stream, [&](ringreduce::Work& w) {
+    try {
+      return w.test();
+    } catch (const ringreduce::Error& e) {
+      if (c->async_result == RR_OK) c->async_result = code_of(e), c->async_error = e.what();
+    } catch (const std::exception& e) {
+      if (c->async_result == RR_OK) c->async_result = RR_ERR_INTERNAL, c->async_error = e.what();
+    }
+    return true;
+  });
+}
+
+// Issues a call on device memory ordered on `stream`; its Work is kept until it has completed.
+template <typename Fn>
+rr_result_t on_stream(rr_comm* c, void* stream, Fn&& issue) {
+  return RR_ON(c, {
+    ringreduce::CallOptions call;
+    call.memory = ringreduce::Memory::device;
+    call.stream = stream;
+    ringreduce::Work w = issue(call);
+    w.test();  // throws now for a call refused at once or a communicator that has failed
+    std::lock_guard<std::mutex> lock(c->mu);
+    reap_locked(c);
+    c->on_stream.push_back(std::move(w));
+  });
+}
+
+}  // namespace
+
+rr_result_t rr_allreduce_on_stream(rr_comm_t* c, const void* send, void* recv, size_t count,
+                                   rr_dtype_t dtype, rr_op_t op, void* stream) {
+  RR_CHECK_COMM(c);
+  return on_stream(c, stream, [&](const ringreduce::CallOptions& call) {
+    return c->comm->allreduce_async(send, recv, count, dt(dtype), op_of(op), call);
+  });
+}
+
+rr_result_t rr_reduce_scatter_on_stream(rr_comm_t* c, const void* send, void* recv,
+                                        size_t recv_count, rr_dtype_t dtype, rr_op_t op,
+                                        void* stream) {
+  RR_CHECK_COMM(c);
+  return on_stream(c, stream, [&](const ringreduce::CallOptions& call) {
+    return c->comm->reduce_scatter_async(send, recv, recv_count, dt(dtype), op_of(op), call);
+  });
+}
+
+rr_result_t rr_allgather_on_stream(rr_comm_t* c, const void* send, void* recv, size_t send_count,
+                                   rr_dtype_t dtype, void* stream) {
+  RR_CHECK_COMM(c);
+  return on_stream(c, stream, [&](const ringreduce::CallOptions& call) {
+    return c->comm->allgather_async(send, recv, send_count, dt(dtype), call);
+  });
+}
+
+rr_result_t rr_broadcast_on_stream(rr_comm_t* c, const void* send, void* recv, size_t count,
+                                   rr_dtype_t dtype, int root, void* stream) {
+  RR_CHECK_COMM(c);
+  return on_stream(c, stream, [&](const ringreduce::CallOptions& call) {
+    return c->comm->broadcast_async(send, recv, count, dt(dtype), root, call);
+  });
+}
+
+rr_result_t rr_reduce_on_stream(rr_comm_t* c, const void* send, void* recv, size_t count,
+                                rr_dtype_t dtype, rr_op_t op, int root, void* stream) {
+  RR_CHECK_COMM(c);
+  return on_stream(c, stream, [&](const ringreduce::CallOptions& call) {
+    return c->comm->reduce_async(send, recv, count, dt(dtype), op_of(op), root, call);
+  });
+}
+
+rr_result_t rr_send_on_stream(rr_comm_t* c, const void* buf, size_t count, rr_dtype_t dtype,
+                              int peer, uint64_t tag, void* stream) {
+  RR_CHECK_COMM(c);
+  return on_stream(c, stream, [&](const ringreduce::CallOptions& call) {
+    return c->comm->send_async(buf, count, dt(dtype), peer, tag, call);
+  });
+}
+
+rr_result_t rr_recv_on_stream(rr_comm_t* c, void* buf, size_t count, rr_dtype_t dtype, int peer,
+                              uint64_t tag, void* stream) {
+  RR_CHECK_COMM(c);
+  return on_stream(c, stream, [&](const ringreduce::CallOptions& call) {
+    return c->comm->recv_async(buf, count, dt(dtype), peer, tag, call);
+  });
+}
+
+rr_result_t rr_comm_async_error(rr_comm_t* c) {
+  RR_CHECK_COMM(c);
+  std::lock_guard<std::mutex> lock(c->mu);
+  reap_locked(c);
+  if (c->async_result != RR_OK) c->last_error = c->async_error;
+  return c->async_result;
+}

@@ -8,6 +8,7 @@
 
 #include "comm/errors.h"
 #include "core/log.h"
+#include "reduce/cuda/reduce_cuda.h"
 #include "reduce/reduce.h"
 #include "rendezvous/tcp_store.h"  // the store server the destructor stops
 #include "ringreduce/error.h"
@@ -325,9 +326,15 @@ std::shared_ptr<OpState> CommImpl::submit(const algorithms::Args& args, const Ca
       stage_device(*op, call);
     } catch (...) {
       --next_seq_;  // not issued, as for a bad argument
-      op->error = std::make_exception_ptr(
-          Error("rank " + std::to_string(rank_) + ": " + describe(op->tag) +
-                ": staging its device buffers failed: " + message_of(std::current_exception())));
+      const std::string prefix = "rank " + std::to_string(rank_) + ": " + describe(op->tag) + ": ";
+      try {
+        throw;
+      } catch (const Error& e) {
+        op->error = with_prefix(e, prefix, "");
+      } catch (...) {
+        op->error = std::make_exception_ptr(Error(
+            prefix + "staging its device buffers failed: " + message_of(std::current_exception())));
+      }
       op->finished.store(true);
       op->fired = true;
       return op;
@@ -643,6 +650,13 @@ void CommImpl::abort(const std::string& reason) {
 
 void CommImpl::stage_device(OpState& op, const CallOptions& call) {
   DeviceRuntime& runtime = device_runtime();
+  if (!runtime.in_use()) {
+    const std::string why = reduce::cuda::unavailable_reason();
+    throw InvalidArgument(
+        "device memory, but this process does not use CUDA (no CUDA driver initialised, so no "
+        "pointer can be device memory" +
+        (why.empty() ? std::string(")") : "; " + why + ")"));
+  }
   if (!staging_) staging_ = std::make_unique<StagingPool>(runtime);
   algorithms::Args& a = op.args;
   const size_t elem = dtype_size(a.dtype);

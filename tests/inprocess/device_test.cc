@@ -14,6 +14,9 @@
 
 #include "comm/device.h"
 #include "harness.h"
+#include "reduce/cuda/runtime.h"
+#include "rendezvous/tcp_store.h"
+#include "ringreduce/ringreduce.h"
 
 namespace rrtest {
 namespace {
@@ -443,6 +446,75 @@ TEST_F(Device, StreamThatNeverArrivesTimesOut) {
       },
       {}, std::chrono::milliseconds(1500));
   EXPECT_EQ(timeouts.load(), 1);
+}
+
+}  // namespace
+}  // namespace rrtest
+
+namespace rrtest {
+namespace {
+
+// The C ABI's stream-ordered calls: enqueued and returned; the stream's later work sees the
+// result; rr_comm_async_error stays RR_OK.
+TEST_F(Device, CApiOnStream) {
+  ringreduce::rendezvous::TcpStoreServer store("127.0.0.1", 0);
+  const std::string addr = "127.0.0.1:" + std::to_string(store.port());
+  setenv("RINGREDUCE_STORE_SERVER", "0", 1);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      rr_comm_t* comm = nullptr;
+      ASSERT_EQ(rr_comm_init(&comm, r, 2, addr.c_str(), nullptr, 30), RR_OK)
+          << rr_last_error(nullptr);
+      Stream stream;
+      const size_t count = 100003;
+      int32_t* buf = dev_->alloc_of<int32_t>(count);
+      int32_t* all = dev_->alloc_of<int32_t>(2 * count);
+      int32_t* msg = dev_->alloc_of<int32_t>(10);
+      std::fill(dev_->view(buf), dev_->view(buf) + count, r + 1);
+      std::fill(dev_->view(msg), dev_->view(msg) + 10, r * 10);
+      EXPECT_EQ(rr_allreduce_on_stream(comm, buf, buf, count, RR_I32, RR_SUM, &stream), RR_OK)
+          << rr_last_error(comm);
+      EXPECT_EQ(rr_allgather_on_stream(comm, buf, all, count, RR_I32, &stream), RR_OK)
+          << rr_last_error(comm);
+      EXPECT_EQ(rr_send_on_stream(comm, msg, 10, RR_I32, 1 - r, 9, &stream), RR_OK)
+          << rr_last_error(comm);
+      EXPECT_EQ(rr_recv_on_stream(comm, msg, 10, RR_I32, 1 - r, 9, &stream), RR_OK)
+          << rr_last_error(comm);
+      // A bad root is refused at once, like the blocking call's.
+      EXPECT_EQ(rr_broadcast_on_stream(comm, buf, buf, count, RR_I32, 5, &stream),
+                RR_ERR_INVALID_ARGUMENT);
+      stream.synchronize();
+      EXPECT_EQ(dev_->view(all)[count + 17], 3);
+      EXPECT_EQ(dev_->view(msg)[9], (1 - r) * 10);
+      EXPECT_EQ(rr_comm_async_error(comm), RR_OK) << rr_last_error(comm);
+      rr_comm_destroy(comm);
+    });
+  for (auto& t : threads) t.join();
+  unsetenv("RINGREDUCE_STORE_SERVER");
+}
+
+// Without a device runtime in use, a call that states device memory is refused on the spot with
+// a message that says why, through the C++ API and the C ABI alike.
+TEST(DeviceWithoutCuda, DeviceMemoryRefusedClearly) {
+  if (ringreduce::reduce::cuda::in_use()) GTEST_SKIP() << "this process uses CUDA";
+  run_ranks(2, [&](Communicator& comm) {
+    std::vector<float> buf(16, 1.0f);
+    CallOptions call;
+    call.memory = Memory::device;
+    try {
+      comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::f32, ReduceOp::sum, call);
+      ADD_FAILURE() << "no error";
+    } catch (const ringreduce::InvalidArgument& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("rank " + std::to_string(comm.rank()) + ": allreduce"), std::string::npos)
+          << what;
+      EXPECT_NE(what.find("does not use CUDA"), std::string::npos) << what;
+    }
+    // The call was not issued: the next one runs normally.
+    comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::f32, ReduceOp::sum);
+    EXPECT_EQ(buf[3], 2.0f);
+  });
 }
 
 }  // namespace
