@@ -10,9 +10,11 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
+#include <link.h>
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -29,29 +31,34 @@ using CtxGetCurrent = CUresult (*)(CUcontext*);
 using StreamWaitValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 
 std::atomic<CtxGetCurrent> g_ctx_get_current{nullptr};
-std::atomic<int64_t> g_next_look_ns{0};
+std::atomic<unsigned long long> g_looked_at_adds{~0ull};
 
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+int read_adds(dl_phdr_info* info, size_t, void* out) {
+  *static_cast<unsigned long long*>(out) = info->dlpi_adds;
+  return 1;  // the first object carries the count: stop there
 }
 
-// The driver's cuCtxGetCurrent if libcuda is loaded in this process; null otherwise. dlopen is
-// not free (it takes the loader's lock), and this is on every call's path: after a miss, a
-// thread looks again only after 256 calls and a second.
+// The driver's cuCtxGetCurrent if libcuda is loaded in this process; null otherwise. Looking for
+// a library by name (dlopen with RTLD_NOLOAD) costs ~175 us here, so it is done again only when
+// the process has loaded another library since the last look (glibc's count of loads, which
+// dl_iterate_phdr gives for ~12 ns): exact, so a call right after the application starts CUDA
+// sees it, and cheap on every call of a program that never does.
 CtxGetCurrent ctx_get_current() {
   if (CtxGetCurrent f = g_ctx_get_current.load(std::memory_order_acquire)) return f;
-  thread_local unsigned calls = 0;
-  if (++calls % 256 != 1) return nullptr;
-  const int64_t now = now_ns();
-  if (now < g_next_look_ns.load(std::memory_order_relaxed)) return nullptr;
-  g_next_look_ns.store(now + 1'000'000'000, std::memory_order_relaxed);
+  unsigned long long adds = 0;
+  dl_iterate_phdr(read_adds, &adds);
+  if (g_looked_at_adds.load(std::memory_order_acquire) == adds) return nullptr;
+  // Every thread that sees a new count waits for one look, so none goes on without it.
+  static std::mutex look_mu;
+  std::lock_guard<std::mutex> lk(look_mu);
+  if (CtxGetCurrent f = g_ctx_get_current.load(std::memory_order_acquire)) return f;
+  CtxGetCurrent f = nullptr;
   // The handle is kept: libcuda is never unloaded once a process has used it.
-  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-  if (!lib) return nullptr;
-  auto f = reinterpret_cast<CtxGetCurrent>(dlsym(lib, "cuCtxGetCurrent"));
-  if (f) g_ctx_get_current.store(f, std::memory_order_release);
+  if (void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD)) {
+    f = reinterpret_cast<CtxGetCurrent>(dlsym(lib, "cuCtxGetCurrent"));
+    if (f) g_ctx_get_current.store(f, std::memory_order_release);
+  }
+  g_looked_at_adds.store(adds, std::memory_order_release);
   return f;
 }
 
