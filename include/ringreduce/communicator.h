@@ -60,6 +60,11 @@ struct CallOptions {
   Memory memory = Memory::automatic;
   // The cudaStream_t a call on device memory is ordered on; nullptr: the legacy default stream.
   void* stream = nullptr;
+  // Device memory: run the call's copies on the communicator's own stream, after the work
+  // enqueued on `stream` so far, instead of on `stream` itself, so that `stream` goes on at once
+  // (a training step's later kernels are not held up by the communication: NCCL's internal
+  // stream, DDP's overlap). The result is in recv once Work::wait_output() has returned.
+  bool side_stream = false;
 };
 
 // The handle of an asynchronous op. Buffers must stay valid until the op has completed.
@@ -79,6 +84,9 @@ class Work {
   // waiting (torch's Work::getFuture). fn must not block on this communicator's ops. One
   // callback per op; a second replaces the first if it has not run yet.
   void then(std::function<void(std::exception_ptr)> fn);
+  // For a call on device memory: waits (after the op itself) until the copy of its result into
+  // recv has completed, so that the host and any stream may read it; at once otherwise.
+  void wait_output();
   // The plan the tuner chose for this op, e.g. "ring seg=512K ch=1" ("p2p" for a send or receive).
   std::string algorithm() const;
   // For a completed receive: the rank whose message it took (its peer, or the sender when it

@@ -276,7 +276,7 @@ void CommImpl::call(const algorithms::Args& args, const CallOptions& call) {
     // holds the result on return, so the caller waits for the op and then for the stream.
     auto op = submit(args, call, /*async=*/false);
     wait(*op, std::nullopt);
-    if (op->stage) op->stage->synchronize();
+    if (op->stage) op->stage->wait_output();
     return;
   }
   OpState op;

@@ -46,6 +46,11 @@ void Work::then(std::function<void(std::exception_ptr)> fn) {
   fn(state_->error);
 }
 
+void Work::wait_output() {
+  wait();
+  if (state_->stage) state_->stage->wait_output();
+}
+
 int Work::source() const {
   if (!state_ || !state_->is_p2p || state_->p2p.is_send || !state_->finished.load()) return -1;
   return state_->p2p.source;
@@ -296,7 +301,7 @@ int Communicator::recv(void* buf, size_t count, DataType dtype, int peer, uint64
                        const CallOptions& call) {
   auto op = impl().submit_p2p(p2p(false, buf, count, dtype, peer, tag), call, false);
   impl().wait(*op, std::nullopt);
-  if (op->stage) op->stage->synchronize();  // device memory: the stream copies it into buf
+  if (op->stage) op->stage->wait_output();  // device memory: the stream copies it into buf
   return op->p2p.source;
 }
 

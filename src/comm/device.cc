@@ -41,7 +41,11 @@ class CudaRuntime final : public DeviceRuntime {
   void wait_value(void* stream, const uint32_t* flag, uint32_t value) override {
     reduce::cuda::wait_value(stream, flag, value);
   }
-  void synchronize(void* stream) override { reduce::cuda::synchronize(stream); }
+  void* create_stream() override { return reduce::cuda::create_stream(); }
+  void destroy_stream(void* stream) override { reduce::cuda::destroy_stream(stream); }
+  void stream_wait(void* stream, Event& event) override {
+    static_cast<CudaEvent&>(event).event.wait_on(stream);
+  }
 };
 
 // A test's runtime, else null (CUDA's). Read on every call's path: an atomic, not a lock.
@@ -107,6 +111,16 @@ StagingPool::~StagingPool() {
       // A failed stream has stopped copying: the memory can go.
     }
   }
+  if (have_side_) runtime_.destroy_stream(side_);
+}
+
+void* StagingPool::side_stream() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!have_side_) {
+    side_ = runtime_.create_stream();
+    have_side_ = true;
+  }
+  return side_;
 }
 
 void StagingPool::release(Slot* slot) {
@@ -139,6 +153,14 @@ bool DeviceStage::wanted(const algorithms::Args& args, const CallOptions& call) 
 DeviceStage::DeviceStage(algorithms::Args& args, size_t send_bytes, size_t recv_bytes,
                          const CallOptions& call, DeviceRuntime& runtime, StagingPool& pool)
     : runtime_(runtime), pool_(pool), stream_(call.stream) {
+  if (call.side_stream) {
+    // The communicator's stream takes the call after what the caller's stream has so far; the
+    // caller's stream goes on at once (it waits only if it asks: Work::wait_output).
+    auto begin = runtime.event();
+    begin->record(call.stream);
+    stream_ = pool.side_stream();
+    runtime.stream_wait(stream_, *begin);
+  }
   auto on_device = [&](const void* p, size_t bytes) {
     if (!p || bytes == 0) return false;
     return call.memory == Memory::device || runtime.is_device(p);
@@ -161,8 +183,10 @@ DeviceStage::DeviceStage(algorithms::Args& args, size_t send_bytes, size_t recv_
     total += recv_dev ? recv_bytes : 0;
   }
   input_ = runtime.event();
+  output_ = runtime.event();
   if (!send_dev && !recv_dev) {
     input_->record(stream_);
+    output_->record(stream_);
     released_ = true;  // nothing waits for this op on the stream
     return;
   }
@@ -182,6 +206,7 @@ DeviceStage::DeviceStage(algorithms::Args& args, size_t send_bytes, size_t recv_
     input_->record(stream_);
     runtime.wait_value(stream_, slot_->flag(), slot_->generation);
     if (recv_dev) runtime.copy(recv, host_recv, recv_bytes, stream_);
+    output_->record(stream_);
     slot_->done->record(stream_);
   } catch (...) {
     // Whatever was enqueued must not wait for a release that will never come.
@@ -213,6 +238,15 @@ void DeviceStage::wait_input(const core::Deadline& deadline) {
       std::this_thread::yield();
     else
       std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+void DeviceStage::wait_output() {
+  for (int spins = 0; !output_->done(); ++spins) {
+    if (spins < 64)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
 }
 

@@ -53,8 +53,11 @@ class DeviceRuntime {
   virtual void copy(void* dst, const void* src, size_t bytes, void* stream) = 0;
   // Enqueues a wait until *flag == value (flag in host_memory()).
   virtual void wait_value(void* stream, const uint32_t* flag, uint32_t value) = 0;
-  // Waits for everything enqueued on the stream; throws its error.
-  virtual void synchronize(void* stream) = 0;
+  // A stream of the library's own (non-blocking, on the current device), and its end.
+  virtual void* create_stream() = 0;
+  virtual void destroy_stream(void* stream) = 0;
+  // Enqueues on `stream` a wait for the point `event` was last recorded at.
+  virtual void stream_wait(void* stream, Event& event) = 0;
 };
 
 // The process's runtime: the one a test installed, else CUDA's (which, in a build without CUDA,
@@ -83,6 +86,8 @@ class StagingPool {
   explicit StagingPool(DeviceRuntime& runtime) : runtime_(runtime) {}
   // Waits (up to 10 s) for the streams to finish their copies out of the slots before freeing.
   ~StagingPool();
+  // The communicator's own stream, for calls with CallOptions::side_stream (made on first use).
+  void* side_stream();
   // A free slot of at least `bytes` whose stream has passed its last use; else a new one.
   Slot* acquire(size_t bytes);
   void release(Slot* slot);
@@ -92,6 +97,8 @@ class StagingPool {
   DeviceRuntime& runtime_;
   mutable std::mutex mu_;
   std::vector<std::unique_ptr<Slot>> slots_;
+  void* side_ = nullptr;
+  bool have_side_ = false;
 };
 
 // One call's staging: which of its buffers are on the device, the host buffers that stand in for
@@ -116,14 +123,17 @@ class DeviceStage {
   void wait_input(const core::Deadline& deadline);
   // The op has finished (done or failed): the stream may copy the output and go on.
   void release();
-  // Waits for the stream to pass the copy of the output (the blocking form's return).
-  void synchronize() { runtime_.synchronize(stream_); }
+  // Waits until the copy of the output into the caller's buffers has completed (the blocking
+  // form's return, Work::wait_output). Polls this call's own event: waiting for the whole stream
+  // could wait for later calls, whose release may need this thread.
+  void wait_output();
 
  private:
   DeviceRuntime& runtime_;
   StagingPool& pool_;
   StagingPool::Slot* slot_ = nullptr;
   std::unique_ptr<DeviceRuntime::Event> input_;
+  std::unique_ptr<DeviceRuntime::Event> output_;  // after the copy out
   void* stream_ = nullptr;
   bool released_ = false;
 };

@@ -143,19 +143,26 @@ class EmulatedDevice final : public DeviceRuntime {
     };
     return std::make_unique<Mem>(bytes);
   }
-  std::unique_ptr<Event> event() override {
-    struct Ev final : Event {
-      explicit Ev(EmulatedDevice& d) : dev(d) {}
-      void record(void* stream) override {
-        auto state = std::make_shared<std::atomic<bool>>(false);
-        current = state;
-        dev.stream(stream).enqueue([state] { state->store(true); });
-      }
-      bool done() override { return !current || current->load(); }
-      EmulatedDevice& dev;
-      std::shared_ptr<std::atomic<bool>> current;
-    };
-    return std::make_unique<Ev>(*this);
+  struct Ev final : Event {
+    explicit Ev(EmulatedDevice& d) : dev(d) {}
+    void record(void* stream) override {
+      auto state = std::make_shared<std::atomic<bool>>(false);
+      current = state;
+      dev.stream(stream).enqueue([state] { state->store(true); });
+    }
+    bool done() override { return !current || current->load(); }
+    EmulatedDevice& dev;
+    std::shared_ptr<std::atomic<bool>> current;
+  };
+  std::unique_ptr<Event> event() override { return std::make_unique<Ev>(*this); }
+  void* create_stream() override { return new Stream; }
+  void destroy_stream(void* s) override { delete static_cast<Stream*>(s); }
+  void stream_wait(void* s, Event& event) override {
+    auto state = static_cast<Ev&>(event).current;
+    if (!state) return;
+    stream(s).enqueue([state] {
+      while (!state->load()) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    });
   }
   void copy(void* dst, const void* src, size_t bytes, void* s) override {
     if (bytes == 0) return;
@@ -177,7 +184,6 @@ class EmulatedDevice final : public DeviceRuntime {
       }
     });
   }
-  void synchronize(void* s) override { stream(s).synchronize(); }
 
  private:
   Stream& stream(void* s) { return s ? *static_cast<Stream*>(s) : default_; }
@@ -251,6 +257,35 @@ TEST_F(Device, StreamOrderedCallReturnsAtOnce) {
     w.wait();
     stream.synchronize();
     for (size_t i = 0; i < count; ++i) ASSERT_EQ(dev_->view(after)[i], 3) << i;
+  });
+}
+
+// side_stream: the call runs on the communicator's stream; the caller's stream goes on at once
+// (its later work does not wait for the communication), and wait_output() gives the result.
+TEST_F(Device, SideStreamLeavesCallerStreamFree) {
+  run_ranks(2, [&](Communicator& comm) {
+    Stream stream;
+    const size_t count = 50000;
+    float* buf = dev_->alloc_of<float>(count);
+    std::fill(dev_->view(buf), dev_->view(buf) + count, float(comm.rank() + 1));
+    CallOptions call;
+    call.stream = &stream;
+    call.side_stream = true;
+    // Rank 1 comes late: until then rank 0's op cannot finish.
+    if (comm.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    auto w = comm.allreduce_async(buf, buf, count, DataType::f32, ReduceOp::sum, call);
+    std::atomic<bool> later_ran{false};
+    stream.enqueue([&] { later_ran = true; });  // "the next layer's backward kernels"
+    if (comm.rank() == 0) {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (!later_ran && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      EXPECT_TRUE(later_ran.load()) << "the caller's stream waited for the communication";
+      EXPECT_FALSE(w.test()) << "rank 0 finished before rank 1 called";
+    }
+    w.wait_output();
+    for (size_t i = 0; i < count; i += 997) ASSERT_EQ(dev_->view(buf)[i], 3.0f) << i;
+    stream.synchronize();
   });
 }
 

@@ -1,5 +1,5 @@
-// reduce_cuda.h and runtime.h in a build without CUDA (RINGREDUCE_CUDA=OFF, or AUTO with no nvcc found):
-// nothing is available, and says so; the calls that would need a device refuse.
+// reduce_cuda.h and runtime.h in a build without CUDA (RINGREDUCE_CUDA=OFF, or AUTO with no nvcc
+// found): nothing is available, and says so; the calls that would need a device refuse.
 #if !defined(RINGREDUCE_HAVE_CUDA)
 
 #include <string>
@@ -89,6 +89,15 @@ void Event::record(void*) {
 }
 bool Event::done() {
   refuse("Event::done");
+}
+void Event::wait_on(void*) {
+  refuse("Event::wait_on");
+}
+void* create_stream() {
+  refuse("create_stream");
+}
+void destroy_stream(void*) {
+  refuse("destroy_stream");
 }
 void copy_async(void*, const void*, size_t, void*) {
   refuse("copy_async");

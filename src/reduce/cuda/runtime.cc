@@ -136,6 +136,21 @@ void Event::record(void* stream) {
         "cudaEventRecord");
 }
 
+void Event::wait_on(void* stream) {
+  check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event_), 0),
+        "cudaStreamWaitEvent");
+}
+
+void* create_stream() {
+  cudaStream_t s = nullptr;
+  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  return s;
+}
+
+void destroy_stream(void* stream) {
+  cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+}
+
 bool Event::done() {
   const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event_));
   if (e == cudaErrorNotReady) return false;

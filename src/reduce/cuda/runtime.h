@@ -44,6 +44,8 @@ class Event {
   Event(const Event&) = delete;
   Event& operator=(const Event&) = delete;
   void record(void* stream);
+  // Enqueues on `stream` a wait for the point last recorded (cudaStreamWaitEvent).
+  void wait_on(void* stream);
   // Whether the stream has passed the recorded point (true for an event never recorded); throws
   // the stream's error if its work failed.
   bool done();
@@ -51,6 +53,10 @@ class Event {
  private:
   void* event_ = nullptr;
 };
+
+// A non-blocking stream on the current device (it does not wait for the legacy default stream).
+void* create_stream();
+void destroy_stream(void* stream);
 
 // cudaMemcpyAsync with the direction found from the pointers (cudaMemcpyDefault).
 void copy_async(void* dst, const void* src, size_t bytes, void* stream);
