@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 namespace ringreduce::python {
 
@@ -54,7 +55,84 @@ std::optional<rr::DataType> dtype_of_format(const std::string& format, py::ssize
   }
 }
 
+// A CUDA array (CuPy, Numba; the __cuda_array_interface__ protocol, version 2 and 3): its device
+// pointer, element type and count; C-contiguous only. Its "stream" (v3) is the stream the array's
+// producer ordered it on: 1 and 2 are CUDA's own handles for the legacy and per-thread default
+// streams, so the integer is the cudaStream_t as it stands; none means no ordering is needed.
+void from_cuda_array_interface(const rr::Communicator* comm, const char* call, const char* role,
+                               const py::object& cai, bool writable, Buffer& b,
+                               std::optional<rr::DataType>& t, size_t& itemsize) {
+  const std::string who = std::string(role) + "'s __cuda_array_interface__";
+  if (!py::isinstance<py::dict>(cai)) bad_argument(comm, call, who + " is not a dict");
+  const py::dict d = cai.cast<py::dict>();
+  if (!d.contains("data") || !d.contains("shape") || !d.contains("typestr"))
+    bad_argument(comm, call, who + " lacks data, shape or typestr");
+  const py::tuple data = d["data"].cast<py::tuple>();
+  if (data.size() != 2) bad_argument(comm, call, who + ": data must be (pointer, read_only)");
+  if (writable && data[1].cast<bool>())
+    bad_argument(comm, call, std::string(role) + " is read-only");
+  const std::string typestr = d["typestr"].cast<std::string>();
+  // "<f4", "|u1", ...: byte order, kind, size; only little-endian or byte-sized elements.
+  if (typestr.size() < 3 || (typestr[0] != '<' && typestr[0] != '|' && typestr[0] != '='))
+    bad_argument(comm, call, who + ": typestr '" + typestr + "' is not little-endian");
+  itemsize = static_cast<size_t>(std::stoul(typestr.substr(2)));
+  const char kind = typestr[1];
+  switch (kind) {
+    case 'f':
+      if (itemsize == 2) t = rr::DataType::f16;
+      if (itemsize == 4) t = rr::DataType::f32;
+      if (itemsize == 8) t = rr::DataType::f64;
+      break;
+    case 'i':
+      if (itemsize == 1) t = rr::DataType::i8;
+      if (itemsize == 2) t = rr::DataType::i16;
+      if (itemsize == 4) t = rr::DataType::i32;
+      if (itemsize == 8) t = rr::DataType::i64;
+      break;
+    case 'u':
+      if (itemsize == 1) t = rr::DataType::u8;
+      if (itemsize == 4) t = rr::DataType::u32;
+      if (itemsize == 8) t = rr::DataType::u64;
+      break;
+    case 'b':
+      if (itemsize == 1) t = rr::DataType::boolean;
+      break;
+    default:
+      break;
+  }
+  size_t count = 1;
+  std::vector<size_t> shape;
+  for (const auto& dim : d["shape"].cast<py::tuple>()) {
+    shape.push_back(dim.cast<size_t>());
+    count *= shape.back();
+  }
+  if (d.contains("strides") && !d["strides"].is_none()) {
+    size_t expect = itemsize;
+    const py::tuple strides = d["strides"].cast<py::tuple>();
+    if (strides.size() != shape.size())
+      bad_argument(comm, call, who + ": strides and shape differ");
+    for (size_t k = shape.size(); k-- > 0;) {
+      if (shape[k] > 1 && strides[k].cast<size_t>() != expect)
+        bad_argument(comm, call, std::string(role) + " is not C-contiguous");
+      expect *= shape[k];
+    }
+  }
+  b.data = reinterpret_cast<void*>(data[0].cast<uintptr_t>());
+  b.count = count;
+  b.device = true;
+  if (d.contains("stream") && !d["stream"].is_none())
+    b.stream = reinterpret_cast<void*>(d["stream"].cast<uintptr_t>());
+}
+
 }  // namespace
+
+void place(rr::CallOptions& opts, const Buffer& a, const Buffer& b) {
+  if (!a.device && !b.device) return;
+  // Memory::device for both: a host buffer beside a device one is copied as well (cudaMemcpy
+  // finds the direction), so one statement covers mixed calls.
+  opts.memory = rr::Memory::device;
+  opts.stream = a.device ? a.stream : b.stream;
+}
 
 Buffer to_buffer(const rr::Communicator* comm, const char* call, const char* role,
                  const py::object& obj, const std::optional<std::string>& dtype, bool writable) {
@@ -64,11 +142,19 @@ Buffer to_buffer(const rr::Communicator* comm, const char* call, const char* rol
   size_t itemsize = 0;
   if (py::hasattr(obj, "data_ptr") && py::hasattr(obj, "numel") && py::hasattr(obj, "dtype")) {
     // A torch tensor (duck-typed: this module does not depend on torch).
-    if (py::str(obj.attr("device").attr("type")).cast<std::string>() != "cpu")
+    const std::string device = py::str(obj.attr("device").attr("type")).cast<std::string>();
+    if (device == "cuda") {
+      // Ordered on the tensor's device's current stream, as torch's own ops on it are.
+      b.device = true;
+      py::object s =
+          py::module_::import("torch").attr("cuda").attr("current_stream")(obj.attr("device"));
+      b.stream = reinterpret_cast<void*>(s.attr("cuda_stream").cast<uintptr_t>());
+    } else if (device != "cpu") {
       bad_argument(comm, call,
                    std::string(role) + " is a tensor on " +
                        py::str(obj.attr("device")).cast<std::string>() +
-                       "; this module takes CPU tensors");
+                       "; this module takes CPU and CUDA tensors");
+    }
     // A sparse tensor has no dense data_ptr; a lazily negated or conjugated view's memory holds
     // the values before the negation.
     for (const char* flag : {"is_sparse", "is_neg", "is_conj"}) {
@@ -92,6 +178,14 @@ Buffer to_buffer(const rr::Communicator* comm, const char* call, const char* rol
     if (!t && !dtype)
       bad_argument(comm, call,
                    std::string(role) + " has dtype " + name + ", which ringreduce does not reduce");
+  } else if (py::hasattr(obj, "__cuda_array_interface__")) {
+    from_cuda_array_interface(comm, call, role, obj.attr("__cuda_array_interface__"), writable, b,
+                              t, itemsize);
+    if (!t && !dtype)
+      bad_argument(comm, call,
+                   std::string(role) + " has typestr '" +
+                       obj.attr("__cuda_array_interface__")["typestr"].cast<std::string>() +
+                       "', which ringreduce does not know (pass dtype=)");
   } else if (PyObject_CheckBuffer(obj.ptr())) {
     std::shared_ptr<py::buffer_info> info;
     try {
@@ -121,8 +215,9 @@ Buffer to_buffer(const rr::Communicator* comm, const char* call, const char* rol
   } else {
     bad_argument(comm, call,
                  std::string(role) +
-                     " must be a NumPy array, a CPU torch tensor or "
-                     "another object with the buffer protocol, not " +
+                     " must be a NumPy array, a torch tensor, a CUDA array "
+                     "(__cuda_array_interface__) or another object with the buffer protocol, "
+                     "not " +
                      py::str(py::type::of(obj)).cast<std::string>());
   }
   if (dtype) {

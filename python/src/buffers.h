@@ -1,5 +1,6 @@
-// Python objects as ringreduce buffers: NumPy arrays and anything with the buffer protocol, and CPU
-// torch tensors through data_ptr() (torch is never imported here), used in place; reduce ops,
+// Python objects as ringreduce buffers: NumPy arrays and anything with the buffer protocol, torch
+// tensors through data_ptr() (torch is never imported here unless a tensor is on a GPU), and CUDA
+// arrays through __cuda_array_interface__ (CuPy, Numba), used in place; reduce ops,
 // timeouts and call options from their Python spellings. Every refusal is an InvalidArgument
 // naming the rank and the call.
 #pragma once
@@ -25,7 +26,14 @@ struct Buffer {
   rr::DataType dtype = rr::DataType::f32;
   py::object owner;
   std::shared_ptr<py::buffer_info> view;  // the buffer protocol export, released with the Buffer
+  // CUDA device memory, and the stream its producer orders work on (a cudaStream_t; nullptr:
+  // the legacy default stream): a torch tensor's current stream, an array's interface stream.
+  bool device = false;
+  void* stream = nullptr;
 };
+
+// Calls on device buffers are stream-ordered on the first device buffer's stream (docs/GPU.md).
+void place(rr::CallOptions& opts, const Buffer& a, const Buffer& b);
 
 [[noreturn]] void bad_argument(const rr::Communicator* comm, const char* call,
                                const std::string& what);

@@ -129,7 +129,8 @@ class PyComm {
                    std::string("send is ") + rr::dtype_name(send.dtype) + " but recv is " +
                        rr::dtype_name(recv.dtype));
     const rr::ReduceOp op = op_obj.is_none() ? rr::ReduceOp::sum : to_op(&c, call, op_obj);
-    const rr::CallOptions opts = call_options(timeout, premul_factor);
+    rr::CallOptions opts = call_options(timeout, premul_factor);
+    place(opts, send, recv);
     auto need = [&](bool ok, const std::string& what) {
       if (!ok) bad_argument(&c, call, what);
     };
@@ -252,7 +253,8 @@ class PyComm {
       }
     }
     const rr::DataType t = gather ? send.dtype : recv.dtype;
-    const rr::CallOptions opts = call_options(timeout);
+    rr::CallOptions opts = call_options(timeout);
+    place(opts, send, recv);
     rr::Work w;
     {
       py::gil_scoped_release nogil;
@@ -323,7 +325,8 @@ class PyComm {
              "send must hold the total of send_counts and recv that of recv_counts" + sizes);
         break;
     }
-    const rr::CallOptions opts = call_options(timeout, premul_factor);
+    rr::CallOptions opts = call_options(timeout, premul_factor);
+    place(opts, send, recv);
     rr::Work w;
     {
       py::gil_scoped_release nogil;
@@ -368,7 +371,8 @@ class PyComm {
     if (is_send && !peer) bad_argument(&c, call, "send needs a destination rank");
     const int p = peer.value_or(rr::Communicator::kAnySource);
     Buffer buf = to_buffer(&c, call, "buffer", buf_obj, dtype, /*writable=*/!is_send);
-    const rr::CallOptions opts = call_options(timeout);
+    rr::CallOptions opts = call_options(timeout);
+    place(opts, buf, buf);
     rr::Work w;
     int source = -1;
     {

@@ -27,6 +27,15 @@ def readonly():
     return a
 
 
+class FakeCudaArray:
+    """An object with CuPy's __cuda_array_interface__ (version 3); the pointer is never touched."""
+
+    def __init__(self, typestr="<f4", shape=(4,), strides=None, readonly=False, stream=None):
+        self.__cuda_array_interface__ = {
+            "data": (0x7f0000000000, readonly), "shape": shape, "typestr": typestr,
+            "strides": strides, "version": 3, "stream": stream}
+
+
 def test_lazy_tensor_views_are_refused(comm):
     torch = pytest.importorskip("torch")
     for t, flag in ((torch.ones(4)._neg_view(), "is_neg"),
@@ -51,6 +60,16 @@ def test_lazy_tensor_views_are_refused(comm):
     (lambda c: c.allreduce_async(np.ones(2)).wait(timeout=-1.0), "timeout must be a finite"),
     (lambda c: c.allreduce(np.ones(2, dtype=np.uint16), dtype="float32"),
      "dtype float32 has 4-byte elements"),
+    # CUDA arrays: the interface is read and checked before anything reaches the device...
+    (lambda c: c.allreduce(FakeCudaArray(readonly=True)), "allreduce: buffer is read-only"),
+    (lambda c: c.allreduce(FakeCudaArray(shape=(2, 3), strides=(4, 8))),
+     "allreduce: buffer is not C-contiguous"),
+    (lambda c: c.allreduce(FakeCudaArray(typestr=">f4")), "typestr '>f4' is not little-endian"),
+    (lambda c: c.allreduce(FakeCudaArray(typestr="<c8")),
+     "buffer has typestr '<c8', which ringreduce does not know"),
+    # ...and a well-formed one in a process that does not use CUDA cannot be device memory.
+    (lambda c: c.allreduce(FakeCudaArray(stream=1)), "allreduce #"),
+    (lambda c: c.allreduce(FakeCudaArray(shape=(2, 2), strides=(8, 4))), "does not use CUDA"),
 ])
 def test_bad_buffer_raises_invalid_argument(comm, call, expect):
     with pytest.raises(ringreduce.InvalidArgument) as e:
