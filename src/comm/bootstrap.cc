@@ -6,7 +6,10 @@
 #include <random>
 
 #include "comm/comm_impl.h"
+#include "comm/device.h"
+#include "comm/errors.h"
 #include "core/log.h"
+#include "rendezvous/join.h"
 #include "rendezvous/launch_env.h"
 #include "rendezvous/tcp_store.h"
 #include "ringreduce/error.h"
@@ -16,11 +19,109 @@
 namespace ringreduce::detail {
 namespace {
 
-std::vector<uint8_t> to_bytes(const std::string& s) {
-  return {s.begin(), s.end()};
+// Options fields become overrides of the settings they stand for, so that the one registry
+// resolves every setting the same way.
+std::map<std::string, std::string> overrides_from(const Options& o) {
+  std::map<std::string, std::string> m = o.settings;
+  if (o.rank) m["RINGREDUCE_RANK"] = std::to_string(*o.rank);
+  if (o.world_size) m["RINGREDUCE_WORLD_SIZE"] = std::to_string(*o.world_size);
+  if (o.addr) m["RINGREDUCE_ADDR"] = *o.addr;
+  if (o.token) m["RINGREDUCE_TOKEN"] = *o.token;
+  if (o.timeout)
+    m["RINGREDUCE_TIMEOUT"] = std::to_string(static_cast<double>(o.timeout->count()) / 1000.0);
+  return m;
 }
 
 }  // namespace
+
+CommImpl::CommImpl(const Options& options, const SplitFrom* from)
+    : overrides_(overrides_from(options)), config_(overrides_) {
+  try {
+    init(options, from);
+  } catch (const Error& e) {
+    // A peer lost during the start-up probes may have left because the job failed elsewhere (the
+    // other ranks may already be in their first op, and fail it): that cause is the error.
+    if (e.code() == ErrorCode::peer && transport_) {
+      if (auto cause = transport_->find_cause(kCauseGrace, blamed_rank(e))) {
+        try {
+          std::rethrow_exception(cause);
+        } catch (const Error& c) {
+          std::rethrow_exception(
+              with_prefix(c, "rank " + std::to_string(rank_) + ": start-up: ", ""));
+        }
+      }
+    }
+    std::rethrow_exception(startup_failed(e, options, from));
+  }
+}
+
+std::exception_ptr CommImpl::startup_failed(const Error& e, const Options& options,
+                                            const SplitFrom* from) {
+  std::string who;
+  if (rank_known_) {
+    who = "rank " + std::to_string(rank_);
+  } else if (auto hint = rendezvous::launch_hints(config_).rank) {
+    who = "rank " + *hint;  // as the launcher numbered this process: its own settings failed
+  }
+  std::exception_ptr error;
+  if (who.empty())
+    error = with_prefix(e, "start-up: ", "");
+  else if (std::string_view(e.what()).starts_with(who + ": "))
+    error = rebuild(e, e.what());
+  else
+    error = with_prefix(e, who + ": start-up: ", "");
+  std::string what;
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error& x) {
+    what = x.what();
+  }
+  // A failure the job already knows (another rank's mark) needs no mark of its own.
+  if (e.code() == ErrorCode::aborted && startup_store_) return error;
+  if (store_) {
+    rendezvous::mark_failed(*store_, what);
+  } else if (from || options.store) {
+    // The store was given (a split's parent's, or the caller's): its keys are under the prefix.
+    PrefixStore store(from ? from->store : options.store, options.store_prefix);
+    rendezvous::mark_failed(store, what);
+  } else {
+    // Failed before reaching the store (a setting that does not parse): reach it now, briefly,
+    // if the launcher's address can be read; rank 0's store is not there if rank 0 failed.
+    const rendezvous::LaunchHints hints = rendezvous::launch_hints(config_);
+    if (!hints.store_host.empty() && hints.store_port > 0) {
+      try {
+        std::string token;
+        try {
+          token = config_.str("RINGREDUCE_TOKEN");
+        } catch (...) {
+        }
+        auto tcp = rendezvous::connect_tcp_store(hints.store_host, hints.store_port,
+                                                 std::chrono::milliseconds(1000), token);
+        std::string job;
+        try {
+          job = rendezvous::job_id(config_);
+        } catch (...) {
+        }
+        PrefixStore store(tcp,
+                          job.empty() ? options.store_prefix : options.store_prefix + "/" + job);
+        rendezvous::mark_failed(store, what);
+      } catch (...) {
+      }
+    }
+  }
+  return error;
+}
+
+std::string agreed_settings(const core::Config& config) {
+  // The settings that decide the plans and the links: a difference would otherwise show later
+  // as a mismatch, or a hang at connection.
+  std::string out;
+  for (const char* name :
+       {"RINGREDUCE_ALGO", "RINGREDUCE_SEGMENT_BYTES", "RINGREDUCE_CHANNELS", "RINGREDUCE_NSOCKS",
+        "RINGREDUCE_SHM", "RINGREDUCE_SOCKET_FAMILY", "RINGREDUCE_PROBE_BATCHES"})
+    out += std::string(name) + "=" + config.str(name) + "\n";
+  return out;
+}
 
 void CommImpl::init(const Options& options, const SplitFrom* from) {
   if (auto it = options.settings.find("RINGREDUCE_DEBUG"); it != options.settings.end()) {
@@ -31,6 +132,17 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
   if (!(timeout_s > 0)) throw InvalidArgument("RINGREDUCE_TIMEOUT must be > 0 seconds");
   timeout_ = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
   const auto deadline = core::Deadline::after(timeout_);
+  // This rank's own settings first, before anything waits on the others: a bad value fails
+  // every rank that has it at once, each naming its own.
+  const int64_t channels = config_.integer("RINGREDUCE_CHANNELS");
+  if (channels < 1 || channels > 64)
+    throw InvalidArgument("RINGREDUCE_CHANNELS=" + std::to_string(channels) + " is not in 1..64");
+  const int64_t nsocks = config_.integer("RINGREDUCE_NSOCKS");
+  if (nsocks < 1 || nsocks > 16)
+    throw InvalidArgument("RINGREDUCE_NSOCKS=" + std::to_string(nsocks) + " is not in 1..16");
+  const double stall_s = config_.number("RINGREDUCE_STALL_WARN");
+  if (!(stall_s >= 0))
+    throw InvalidArgument("RINGREDUCE_STALL_WARN must be >= 0 seconds (0: no stall reports)");
 
   std::string store_host;
   int local_size = -1;
@@ -41,6 +153,7 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
     // A split: rank and size from the parent's groups, its store (under a prefix of this split's
     // own), its data interface, its job's ranks on this host, its store server.
     rank_ = *options.rank;
+    rank_known_ = true;
     size_ = *options.world_size;
     store_ = std::make_shared<PrefixStore>(from->store, options.store_prefix);
     stall_store = [parent = from->stall_store, prefix = options.store_prefix] {
@@ -55,6 +168,7 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
       throw InvalidArgument("Options with a store need rank and world_size");
     rank_ = *options.rank;
     size_ = *options.world_size;
+    rank_known_ = rank_ >= 0;
     if (size_ < 1 || rank_ < 0 || rank_ >= size_)
       throw InvalidArgument("rank " + std::to_string(rank_) + " is outside a world of " +
                             std::to_string(size_));
@@ -65,6 +179,7 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
   } else {
     rendezvous::LaunchInfo launch = rendezvous::detect_launch(config_);
     rank_ = launch.rank;
+    rank_known_ = true;
     size_ = launch.world_size;
     local_size = launch.local_size;
     if (launch.store_host.empty() || launch.store_port <= 0)
@@ -80,11 +195,15 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
           std::make_shared<rendezvous::TcpStoreServer>(launch.store_host, launch.store_port, token);
     }
     auto tcp = rendezvous::connect_tcp_store(launch.store_host, launch.store_port, timeout_, token);
-    store_ = std::make_shared<PrefixStore>(tcp, options.store_prefix);
+    // Under the job's own id where the launcher gives one, so that a store reused by several
+    // jobs never mixes their keys.
+    const std::string job = rendezvous::job_id(config_);
+    const std::string prefix =
+        job.empty() ? options.store_prefix : options.store_prefix + "/" + job;
+    store_ = std::make_shared<PrefixStore>(tcp, prefix);
     // A client of its own with a short timeout: when the store's host is stuck, a stall report
     // must fail fast, not hold up the communicator's destruction for RINGREDUCE_TIMEOUT.
-    stall_store = [host = launch.store_host, port = launch.store_port,
-                   prefix = options.store_prefix, token,
+    stall_store = [host = launch.store_host, port = launch.store_port, prefix, token,
                    t = std::min(timeout_, std::chrono::milliseconds(5000))] {
       return std::make_shared<PrefixStore>(rendezvous::connect_tcp_store(host, port, t, token),
                                            prefix);
@@ -102,34 +221,38 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
   if (core::log_enabled(core::LogLevel::info) && rank_ == 0)
     RR_LOG(info, rank_, "settings:\n", config_.dump());
 
+  // Start-up waits in the store watch the job's failure mark: a rank that fails at start-up
+  // fails the others within ~100 ms (rendezvous/join.h).
+  startup_store_ = std::make_shared<rendezvous::FailFastStore>(store_);
+  Store& startup = *startup_store_;
+
   // A fresh id per communicator: a connection from another job, or from an earlier communicator
   // on the same ports, is refused at its hello.
   uint64_t comm_id = 0;
   if (rank_ == 0) {
     std::random_device rd;
     comm_id = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(getpid());
-    store_->set("comm_id", to_bytes(std::to_string(comm_id)));
-  } else {
-    auto v = store_->get("comm_id", timeout_);
-    comm_id = std::stoull(std::string(v.begin(), v.end()));
   }
-
-  const int64_t channels = config_.integer("RINGREDUCE_CHANNELS");
-  if (channels < 1 || channels > 64)
-    throw InvalidArgument("rank " + std::to_string(rank_) +
-                          ": RINGREDUCE_CHANNELS=" + std::to_string(channels) + " is not in 1..64");
-  const int64_t nsocks = config_.integer("RINGREDUCE_NSOCKS");
-  if (nsocks < 1 || nsocks > 16)
-    throw InvalidArgument("rank " + std::to_string(rank_) +
-                          ": RINGREDUCE_NSOCKS=" + std::to_string(nsocks) + " is not in 1..16");
   // Which ranks share a host: they may use shared memory, they share its cores, and the ring
-  // keeps them next to each other.
+  // keeps them next to each other. The join checks that the ranks belong together and hands
+  // every rank the table in a constant number of store round trips.
   std::vector<std::string> hosts(static_cast<size_t>(size_));
+  const std::string mine = config_.str("RINGREDUCE_HOST_ID").empty()
+                               ? transport::host_identity()
+                               : "id:" + config_.str("RINGREDUCE_HOST_ID");
+  hosts[static_cast<size_t>(rank_)] = mine;
   if (size_ > 1) {
-    const std::string mine = config_.str("RINGREDUCE_HOST_ID").empty()
-                                 ? transport::host_identity()
-                                 : "id:" + config_.str("RINGREDUCE_HOST_ID");
-    hosts = transport::exchange_host_identities(*store_, rank_, size_, mine, timeout_);
+    rendezvous::JoinRecord record;
+    record.rank = rank_;
+    record.world_size = size_;
+    record.host = mine;
+    char hostname[256] = {};
+    gethostname(hostname, sizeof hostname - 1);
+    record.where = "host " + std::string(hostname) + " pid " + std::to_string(getpid());
+    record.settings = agreed_settings(config_);
+    const rendezvous::JobTable table = rendezvous::join(startup, record, comm_id, timeout_);
+    comm_id = table.comm_id;
+    hosts = table.hosts;
   }
   int same_host = 0;
   for (int q = 0; q < size_; ++q)
@@ -164,7 +287,7 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
     args.engine.max_idle_yields = 4 * static_cast<int>((local_size + cores - 1) / cores);
   // Every rank routes each pair alike (the transport table over the same host identities):
   // shared memory between the ranks of a host, TCP between hosts.
-  transport_ = transport::connect(args, *store_, deadline);
+  transport_ = transport::connect(args, startup, deadline);
   transport_->set_describer([this](const transport::OpTag& t) { return describe(t); });
   tuner::Setup setup;
   setup.size = size_;
@@ -177,9 +300,6 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
     probe_network(hosts, deadline);
   else if (size_ > 1)
     probe_links(deadline);
-  const double stall_s = config_.number("RINGREDUCE_STALL_WARN");
-  if (!(stall_s >= 0))
-    throw InvalidArgument("RINGREDUCE_STALL_WARN must be >= 0 seconds (0: no stall reports)");
   // Always there with 2+ ranks: besides the warnings it finds mismatches no message shows.
   if (size_ > 1)
     stall_ = std::make_unique<StallMonitor>(

@@ -78,11 +78,11 @@ void CommImpl::probe_network(const std::vector<std::string>& hosts,
   if (rank_ == 0) {
     file = tuning_file_costs("net");
     const std::string plan = file ? "file" : "probe";
-    store_->set("net_plan", std::vector<uint8_t>(plan.begin(), plan.end()));
+    startup_store_->set("net_plan", std::vector<uint8_t>(plan.begin(), plan.end()));
   }
   bool probe = !file;
   if (rank_ != 0) {
-    auto v = store_->get("net_plan", std::chrono::milliseconds(deadline.remaining_ms()));
+    auto v = startup_store_->get("net_plan", std::chrono::milliseconds(deadline.remaining_ms()));
     probe = std::string(v.begin(), v.end()) == "probe";
   }
   double alpha = 0, bandwidth = 0, gamma = 0;
@@ -144,9 +144,9 @@ void CommImpl::probe_network(const std::vector<std::string>& hosts,
     v.precision(17);
     v << alpha << " " << bandwidth << " " << gamma;
     const std::string text = v.str();
-    store_->set("net_probe", std::vector<uint8_t>(text.begin(), text.end()));
+    startup_store_->set("net_probe", std::vector<uint8_t>(text.begin(), text.end()));
   } else {
-    auto v = store_->get("net_probe", std::chrono::milliseconds(deadline.remaining_ms()));
+    auto v = startup_store_->get("net_probe", std::chrono::milliseconds(deadline.remaining_ms()));
     std::istringstream in(std::string(v.begin(), v.end()));
     in >> alpha >> bandwidth >> gamma;
   }

@@ -8,7 +8,6 @@
 
 #include "comm/errors.h"
 #include "core/log.h"
-#include "reduce/cuda/reduce_cuda.h"
 #include "reduce/reduce.h"
 #include "rendezvous/tcp_store.h"  // the store server the destructor stops
 #include "ringreduce/error.h"
@@ -18,44 +17,7 @@ namespace {
 
 using algorithms::Collective;
 
-// Options fields become overrides of the settings they stand for, so that the one registry
-// resolves every setting the same way.
-std::map<std::string, std::string> overrides_from(const Options& o) {
-  std::map<std::string, std::string> m = o.settings;
-  if (o.rank) m["RINGREDUCE_RANK"] = std::to_string(*o.rank);
-  if (o.world_size) m["RINGREDUCE_WORLD_SIZE"] = std::to_string(*o.world_size);
-  if (o.addr) m["RINGREDUCE_ADDR"] = *o.addr;
-  if (o.token) m["RINGREDUCE_TOKEN"] = *o.token;
-  if (o.timeout)
-    m["RINGREDUCE_TIMEOUT"] = std::to_string(static_cast<double>(o.timeout->count()) / 1000.0);
-  return m;
-}
-
 }  // namespace
-
-CommImpl::CommImpl(const Options& options, const SplitFrom* from)
-    : overrides_(overrides_from(options)), config_(overrides_) {
-  try {
-    init(options, from);
-  } catch (const Error& e) {
-    // A peer lost during the start-up probes may have left because the job failed elsewhere (the
-    // other ranks may already be in their first op, and fail it): that cause is the error.
-    if (e.code() == ErrorCode::peer && transport_) {
-      if (auto cause = transport_->find_cause(kCauseGrace, blamed_rank(e))) {
-        try {
-          std::rethrow_exception(cause);
-        } catch (const Error& c) {
-          std::rethrow_exception(
-              with_prefix(c, "rank " + std::to_string(rank_) + ": start-up: ", ""));
-        }
-      }
-    }
-    // Start-up errors name the rank like every other error (once rank_ is known).
-    const std::string prefix = "rank " + std::to_string(rank_) + ": ";
-    if (std::string_view(e.what()).starts_with(prefix)) throw;
-    std::rethrow_exception(with_prefix(e, prefix + "start-up: ", ""));
-  }
-}
 
 CommImpl::~CommImpl() {
   std::thread progress;
@@ -646,28 +608,6 @@ void CommImpl::abort(const std::string& reason) {
   done_cv_.notify_all();
   lk.unlock();
   for (auto& op : failed) fire_callback(*op);
-}
-
-void CommImpl::stage_device(OpState& op, const CallOptions& call) {
-  DeviceRuntime& runtime = device_runtime();
-  if (!runtime.in_use()) {
-    const std::string why = reduce::cuda::unavailable_reason();
-    throw InvalidArgument(
-        "device memory, but this process does not use CUDA (no CUDA driver initialised, so no "
-        "pointer can be device memory" +
-        (why.empty() ? std::string(")") : "; " + why + ")"));
-  }
-  if (!staging_) staging_ = std::make_unique<StagingPool>(runtime);
-  algorithms::Args& a = op.args;
-  const size_t elem = dtype_size(a.dtype);
-  size_t send_bytes = 0, recv_bytes = 0;
-  if (op.is_p2p) {
-    (op.p2p.is_send ? send_bytes : recv_bytes) = op.p2p.bytes;
-  } else {
-    send_bytes = algorithms::send_elements(a, rank_, size_) * elem;
-    recv_bytes = algorithms::recv_elements(a, rank_, size_) * elem;
-  }
-  op.stage = std::make_shared<DeviceStage>(a, send_bytes, recv_bytes, call, runtime, *staging_);
 }
 
 void* CommImpl::scratch(size_t bytes) {

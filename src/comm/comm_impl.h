@@ -64,6 +64,10 @@ struct OpState {
   std::shared_ptr<DeviceStage> stage;
 };
 
+// The settings every rank of a communicator must agree on, as "NAME=value" lines (the join's
+// record, rendezvous/join.h).
+std::string agreed_settings(const core::Config& config);
+
 // Runs op's then() callback, if any, once; called without CommImpl::mu_ after op finished.
 void fire_callback(OpState& op);
 
@@ -126,6 +130,11 @@ class CommImpl {
   // Fills in plan and tag (all but the sequence number).
   // Everything the constructor does; its errors get the rank's prefix there.
   void init(const Options& options, const SplitFrom* from);
+  // A start-up failure: names the rank (the launcher's, if this rank's own settings did not
+  // parse) and marks the job failed in the store, reaching it from the launcher's address if
+  // start-up failed before connecting, so that the other ranks fail now rather than at their
+  // timeout. Returns the error to throw.
+  std::exception_ptr startup_failed(const Error& e, const Options& options, const SplitFrom* from);
   void prepare(OpState& op, const algorithms::Args& args, const CallOptions& call, bool async);
   // Gives op the next sequence number (mu_ held); on a bad argument throws InvalidArgument and
   // gives the number back, so that the call is not issued at all.
@@ -183,11 +192,14 @@ class CommImpl {
   std::map<std::string, std::string> overrides_;  // the Options as settings (config_'s source)
   core::Config config_;
   int rank_ = 0;
+  bool rank_known_ = false;  // rank_ is this process's (start-up errors name it)
   int size_ = 1;
   std::string cost_kind_;  // the link kind the tuner's costs describe ("net" across hosts)
   std::chrono::milliseconds timeout_{300000};
   std::shared_ptr<rendezvous::TcpStoreServer> store_server_;  // rank 0's, shared with splits
   std::shared_ptr<Store> store_;
+  // store_ for start-up: its waits end when another rank marks the job failed (join.h).
+  std::shared_ptr<Store> startup_store_;
   std::function<std::shared_ptr<Store>()> stall_store_;  // a client for the stall monitor
   std::string store_host_;
   int local_size_ = -1;

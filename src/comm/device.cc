@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "algorithms/collectives.h"
+#include "comm/comm_impl.h"
 #include "reduce/cuda/reduce_cuda.h"
 #include "reduce/cuda/runtime.h"
 #include "ringreduce/error.h"
@@ -255,6 +256,30 @@ void DeviceStage::release() {
   released_ = true;
   std::atomic_ref<uint32_t>(*slot_->flag()).store(slot_->generation, std::memory_order_release);
   pool_.release(slot_);
+}
+
+// ---- the communicator's side ------------------------------------------------------------
+
+void CommImpl::stage_device(OpState& op, const CallOptions& call) {
+  DeviceRuntime& runtime = device_runtime();
+  if (!runtime.in_use()) {
+    const std::string why = reduce::cuda::unavailable_reason();
+    throw InvalidArgument(
+        "device memory, but this process does not use CUDA (no CUDA driver initialised, so no "
+        "pointer can be device memory" +
+        (why.empty() ? std::string(")") : "; " + why + ")"));
+  }
+  if (!staging_) staging_ = std::make_unique<StagingPool>(runtime);
+  algorithms::Args& a = op.args;
+  const size_t elem = dtype_size(a.dtype);
+  size_t send_bytes = 0, recv_bytes = 0;
+  if (op.is_p2p) {
+    (op.p2p.is_send ? send_bytes : recv_bytes) = op.p2p.bytes;
+  } else {
+    send_bytes = algorithms::send_elements(a, rank_, size_) * elem;
+    recv_bytes = algorithms::recv_elements(a, rank_, size_) * elem;
+  }
+  op.stage = std::make_shared<DeviceStage>(a, send_bytes, recv_bytes, call, runtime, *staging_);
 }
 
 }  // namespace ringreduce::detail

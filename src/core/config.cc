@@ -48,6 +48,9 @@ const std::vector<SettingInfo>& all_settings() {
        "names this rank's host for the topology (default: hostname, boot id and network "
        "namespace); ranks with different ids use TCP between them, e.g. to emulate hosts"},
       {"RINGREDUCE_STORE_SERVER", "1", "0: rank 0 does not host the store (a standalone one runs)"},
+      {"RINGREDUCE_JOB_ID", "",
+       "this job's own namespace in the store (default: the launcher's job id: ringrun's, "
+       "torchrun's run id, Slurm's job and step); two jobs on one reused store need two ids"},
   };
   return kSettings;
 }

@@ -244,4 +244,43 @@ LaunchInfo detect_launch(const core::Config& config) {
   return info;
 }
 
+LaunchHints launch_hints(const core::Config& config) noexcept {
+  LaunchHints h;
+  try {
+    const std::string rr_rank = trim(config.str("RINGREDUCE_RANK"));
+    if (!rr_rank.empty()) {
+      h.rank = rr_rank;
+    } else {
+      for (const auto& f : kLaunchers)
+        if (auto r = launcher_var(f.rank)) {
+          h.rank = trim(*r);
+          break;
+        }
+    }
+  } catch (...) {
+  }
+  try {
+    LaunchInfo info;
+    read_store_address(config, &info);
+    h.store_host = info.store_host;
+    h.store_port = info.store_port;
+  } catch (...) {
+  }
+  return h;
+}
+
+std::string job_id(const core::Config& config) {
+  std::string id = trim(config.str("RINGREDUCE_JOB_ID"));
+  if (!id.empty()) return id;
+  if (auto run = launcher_var("TORCHELASTIC_RUN_ID");
+      run && !trim(*run).empty() && trim(*run) != "none")
+    return "torchrun-" + trim(*run);
+  if (auto job = launcher_var("SLURM_JOB_ID")) {
+    auto step = launcher_var("SLURM_STEP_ID");
+    return "slurm-" + trim(*job) + "." + (step ? trim(*step) : std::string("0"));
+  }
+  if (auto job = launcher_var("OMPI_MCA_ess_base_jobid")) return "ompi-" + trim(*job);
+  return "";
+}
+
 }  // namespace ringreduce::rendezvous

@@ -30,4 +30,20 @@ struct LaunchInfo {
 // world size cannot be found, or when they are inconsistent (rank >= world size, ...).
 LaunchInfo detect_launch(const core::Config& config);
 
+// What a process that could not start can still tell, each part if it can be read: the rank its
+// launcher gave it (the text, unchecked) to name it in the error, and the store's address to mark
+// the job failed there, so that the other ranks learn it at once. Never throws.
+struct LaunchHints {
+  std::optional<std::string> rank;
+  std::string store_host;
+  int store_port = -1;
+};
+LaunchHints launch_hints(const core::Config& config) noexcept;
+
+// The job's own namespace in the store: RINGREDUCE_JOB_ID, else the launcher's job id
+// (torchrun's TORCHELASTIC_RUN_ID, Slurm's SLURM_JOB_ID.SLURM_STEP_ID, Open MPI's
+// OMPI_MCA_ess_base_jobid), else "" (none: a store reused by two jobs is then refused at their
+// claims, rendezvous/join.h).
+std::string job_id(const core::Config& config);
+
 }  // namespace ringreduce::rendezvous

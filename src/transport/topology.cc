@@ -19,20 +19,4 @@ std::string host_identity() {
   return std::string(host) + "|" + boot + "|" + std::to_string(netns);
 }
 
-std::vector<std::string> exchange_host_identities(Store& store, int rank, int size,
-                                                  const std::string& mine,
-                                                  std::chrono::milliseconds timeout) {
-  store.set("host/" + std::to_string(rank), std::vector<uint8_t>(mine.begin(), mine.end()));
-  std::vector<std::string> ids(static_cast<size_t>(size));
-  for (int q = 0; q < size; ++q) {
-    if (q == rank) {
-      ids[static_cast<size_t>(q)] = mine;
-      continue;
-    }
-    auto v = store.get("host/" + std::to_string(q), timeout);
-    ids[static_cast<size_t>(q)] = std::string(v.begin(), v.end());
-  }
-  return ids;
-}
-
 }  // namespace ringreduce::transport

@@ -10,6 +10,8 @@
 #include <numeric>
 #include <thread>
 
+#include "comm/comm_impl.h"
+#include "core/config.h"
 #include "harness.h"
 #include "rendezvous/tcp_store.h"
 #include "ringreduce/ringreduce.h"
@@ -708,10 +710,16 @@ TEST(Comm, StrangersAtStartUpAreDroppedAndTheJobConnects) {
   // bytes of a hello and stops, one poses as rank 1 without the token.
   auto store = ringreduce::make_memory_store();
   std::vector<std::exception_ptr> errors(2);
-  // Rank 0 reads every rank's host identity before it listens: publish rank 1's ahead of it (the
-  // value rank 1 itself will write, given RINGREDUCE_HOST_ID).
-  const std::string host = "id:strangers-test";
-  store->set("rr/host/1", std::vector<uint8_t>(host.begin(), host.end()));
+  const std::map<std::string, std::string> settings = {
+      {"RINGREDUCE_SHM", "0"},
+      {"RINGREDUCE_HOST_ID", "strangers-test"},
+      {"RINGREDUCE_TOKEN", "strangers-test-token"}};
+  // Rank 0 reads every rank's join record before it listens: publish rank 1's ahead of it (what
+  // rank 1 itself will write, given the same settings; rendezvous/join.h's format).
+  const std::string record =
+      "2\nid:strangers-test\nthe test\n" +
+      ringreduce::detail::agreed_settings(ringreduce::core::Config(settings));
+  store->set("rr/join/1", std::vector<uint8_t>(record.begin(), record.end()));
   std::thread rank0([&] {
     try {
       ringreduce::Options o;
@@ -720,9 +728,7 @@ TEST(Comm, StrangersAtStartUpAreDroppedAndTheJobConnects) {
       o.store = store;
       o.timeout = 30s;
       // The strangers knock on the TCP listener.
-      o.settings = {{"RINGREDUCE_SHM", "0"},
-                    {"RINGREDUCE_HOST_ID", "strangers-test"},
-                    {"RINGREDUCE_TOKEN", "strangers-test-token"}};
+      o.settings = settings;
       Communicator comm(o);
       std::vector<float> buf(100, 1.0f);
       comm.allreduce(std::span<float>(buf), ReduceOp::sum);
@@ -751,9 +757,9 @@ TEST(Comm, StrangersAtStartUpAreDroppedAndTheJobConnects) {
   // made-up proof. It must be dropped, and the real rank 1 must still get in.
   auto impostor = ringreduce::transport::tcp::connect_to(sa, deadline);
   {
-    auto id = store->get("rr/comm_id", 10s);
+    auto table = store->get("rr/table", 10s);  // the communicator id is its first line
     ringreduce::transport::tcp::Hello h;
-    h.comm_id = std::stoull(std::string(id.begin(), id.end()));
+    h.comm_id = std::stoull(std::string(table.begin(), table.end()));
     h.rank = 1;
     h.world_size = 2;
     h.auth = ringreduce::transport::tcp::kHelloAuthHmac;
@@ -768,9 +774,7 @@ TEST(Comm, StrangersAtStartUpAreDroppedAndTheJobConnects) {
       o.world_size = 2;
       o.store = store;
       o.timeout = 30s;
-      o.settings = {{"RINGREDUCE_SHM", "0"},
-                    {"RINGREDUCE_HOST_ID", "strangers-test"},
-                    {"RINGREDUCE_TOKEN", "strangers-test-token"}};
+      o.settings = settings;
       Communicator comm(o);
       std::vector<float> buf(100, 1.0f);
       comm.allreduce(std::span<float>(buf), ReduceOp::sum);

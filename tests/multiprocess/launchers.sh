@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Multi-process tests of real launches: every collective through ringrun at N=2 and 4 (and over
 # two emulated hosts), the mismatch error, a rank killed or stopped in the middle of every
-# collective (shm, tcp, both), and from_env under OpenMPI's mpirun and with torchrun's and Slurm's
+# collective (shm, tcp, both), start-up faults across processes (a rank out of range, a bad
+# setting, a reused store), and from_env under OpenMPI's mpirun and with torchrun's and Slurm's
 # variables.
 # Usage: launchers.sh CASE BUILD_DIR. Exit 77 = skipped. Every process is bounded by timeout and
 # killed by pid on exit.
@@ -69,6 +70,80 @@ case "$case_name" in
     grep -q "from RINGREDUCE_TUNING_FILE" <<<"$out" || { echo "FAILED: file not used"; echo "$out" | tail; exit 1; }
     grep -q "Out of bounds values : 0 OK" <<<"$out" || { echo "FAILED: wrong results"; echo "$out" | tail; exit 1; }
     echo "ok: calibrated, and used"
+    ;;
+  startup)
+    # Start-up faults across processes (rendezvous/join.h): each ends on every rank within a few
+    # seconds (RINGREDUCE_TIMEOUT is 30 s), naming the rank at fault.
+    perf1=("$perf" allreduce -b 4 -e 4 -n 1 -w 0)
+    # run_rank NAME VARS...: one rank in the background, its output in $tmp/NAME.
+    tmp=$(mktemp -d)
+    trap 'cleanup; rm -rf "$tmp"' EXIT
+    run_rank() {
+      local name=$1
+      shift
+      env RINGREDUCE_TIMEOUT=30 "$@" timeout 60 "${perf1[@]}" >"$tmp/$name" 2>&1 &
+      pids+=($!)
+    }
+    # expect NAME TEXT: the rank's output says TEXT.
+    expect() { grep -qF -- "$2" "$tmp/$1" || { echo "FAILED: $1 does not say: $2"; cat "$tmp/$1"; exit 1; }; }
+    elapsed() { echo $((SECONDS - $1)); }
+
+    # 1. A rank started with RINGREDUCE_RANK=2 in a world of 2: it names itself, and rank 0
+    #    learns it through the store instead of waiting for a rank 1.
+    port=$(free_port)
+    t0=$SECONDS
+    run_rank zero RINGREDUCE_RANK=0 RINGREDUCE_WORLD_SIZE=2 RINGREDUCE_ADDR=127.0.0.1:$port
+    sleep 0.5
+    run_rank two RINGREDUCE_RANK=2 RINGREDUCE_WORLD_SIZE=2 RINGREDUCE_ADDR=127.0.0.1:$port
+    wait "${pids[@]}"
+    pids=()
+    expect two "rank 2: start-up: RINGREDUCE_RANK=2 is not below RINGREDUCE_WORLD_SIZE=2"
+    expect zero "rank 0: start-up: rank 2 failed: RINGREDUCE_RANK=2 is not below"
+    [ "$(elapsed $t0)" -lt 10 ] || { echo "FAILED: rank out of range took $(elapsed $t0) s"; exit 1; }
+    echo "ok: a rank out of range, both ranks told in $(elapsed $t0) s"
+
+    # 2. A setting that does not parse on rank 1: named as rank 1 (its launcher's variable).
+    port=$(free_port)
+    t0=$SECONDS
+    run_rank zero RINGREDUCE_RANK=0 RINGREDUCE_WORLD_SIZE=2 RINGREDUCE_ADDR=127.0.0.1:$port
+    sleep 0.5
+    run_rank one RINGREDUCE_RANK=1 RINGREDUCE_WORLD_SIZE=2 RINGREDUCE_ADDR=127.0.0.1:$port \
+      RINGREDUCE_CHANNELS=0
+    wait "${pids[@]}"
+    pids=()
+    expect one "rank 1: start-up: RINGREDUCE_CHANNELS=0 is not in 1..64"
+    expect zero "rank 0: start-up: rank 1 failed: RINGREDUCE_CHANNELS=0 is not in 1..64"
+    [ "$(elapsed $t0)" -lt 10 ] || { echo "FAILED: a bad setting took $(elapsed $t0) s"; exit 1; }
+    echo "ok: a bad setting on rank 1, both ranks told in $(elapsed $t0) s"
+
+    # 3. Two jobs, one after the other, on one standalone store: the second is refused at once
+    #    without a job id of its own, and runs with one.
+    port=$(free_port)
+    timeout 120 "$build/tools/ringreduce-store" --host 127.0.0.1 --port "$port" >"$tmp/store" 2>&1 &
+    pids+=($!)
+    store_pid=$!
+    job() {
+      local tag=$1
+      shift
+      local ranks=()
+      for r in 0 1; do
+        env RINGREDUCE_TIMEOUT=30 RINGREDUCE_RANK=$r RINGREDUCE_WORLD_SIZE=2 RINGREDUCE_STORE_SERVER=0 \
+          RINGREDUCE_ADDR=127.0.0.1:$port "$@" timeout 60 "${perf1[@]}" >"$tmp/$tag$r" 2>&1 &
+        ranks+=($!)
+      done
+      local rc=0
+      for p in "${ranks[@]}"; do wait "$p" || rc=1; done
+      return $rc
+    }
+    job first || { echo "FAILED: the first job on the store"; cat "$tmp/first0" "$tmp/first1"; exit 1; }
+    t0=$SECONDS
+    if job second; then echo "FAILED: a second job ran on the first one's keys"; exit 1; fi
+    expect second0 "RINGREDUCE_JOB_ID"
+    expect second1 "RINGREDUCE_JOB_ID"
+    [ "$(elapsed $t0)" -lt 10 ] || { echo "FAILED: the reused store took $(elapsed $t0) s"; exit 1; }
+    job third RINGREDUCE_JOB_ID=third || { echo "FAILED: a job with its own id"; cat "$tmp/third0"; exit 1; }
+    kill "$store_pid" 2>/dev/null
+    echo "ok: a reused store: refused without a job id in $(elapsed $t0) s, runs with one"
     ;;
   mismatch)
     # Repeated, half of the runs with all four ranks on one core: how fast each rank learns of the

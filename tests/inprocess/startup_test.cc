@@ -1,0 +1,141 @@
+// Start-up that goes wrong ends on every rank at once, with one message naming the ranks and
+// the values (rendezvous/join.h): world sizes or settings that differ, a rank started twice, a
+// store that still holds an earlier job, a rank whose own setting is bad. Every case runs with a
+// 60 s timeout and must end well before it: the failure is found, not waited out.
+#include <chrono>
+#include <thread>
+
+#include "harness.h"
+#include "rendezvous/join.h"
+
+namespace rrtest {
+namespace {
+
+using namespace std::chrono_literals;
+using ringreduce::Communicator;
+using Clock = std::chrono::steady_clock;
+
+struct Outcome {
+  std::string error;  // empty: started
+  ringreduce::ErrorCode code = ringreduce::ErrorCode::internal;
+  double seconds = 0;
+};
+
+// Starts one communicator per Options, each in its own thread, and runs one allreduce on those
+// that start; every rank's outcome.
+std::vector<Outcome> start(const std::vector<ringreduce::Options>& ranks) {
+  std::vector<Outcome> out(ranks.size());
+  std::vector<std::thread> threads;
+  const auto t0 = Clock::now();
+  for (size_t i = 0; i < ranks.size(); ++i)
+    threads.emplace_back([&, i] {
+      try {
+        Communicator comm(ranks[i]);
+        float x = 1;
+        comm.allreduce(&x, &x, 1, DataType::f32, ReduceOp::sum);
+      } catch (const ringreduce::Error& e) {
+        out[i].error = e.what();
+        out[i].code = e.code();
+      }
+      out[i].seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    });
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+ringreduce::Options rank(int r, int size, std::shared_ptr<ringreduce::Store> store,
+                         const std::string& prefix,
+                         std::map<std::string, std::string> settings = {}) {
+  return rank_options(r, size, std::move(store), 60s, std::move(settings), prefix);
+}
+
+// Every rank failed within `limit` seconds, its message naming its own rank and containing
+// every one of `parts`.
+void expect_all_failed(const std::vector<Outcome>& out, const std::vector<int>& ranks,
+                       const std::vector<std::string>& parts, double limit = 10) {
+  for (size_t i = 0; i < out.size(); ++i) {
+    SCOPED_TRACE("process " + std::to_string(i) + ": " + out[i].error);
+    ASSERT_FALSE(out[i].error.empty()) << "started";
+    EXPECT_LT(out[i].seconds, limit) << "waited instead of failing";
+    EXPECT_EQ(out[i].error.rfind("rank " + std::to_string(ranks[i]) + ": start-up: ", 0), 0u);
+    for (const auto& p : parts) EXPECT_NE(out[i].error.find(p), std::string::npos) << p;
+  }
+}
+
+TEST(StartUp, WorldSizesThatDifferFailEveryRank) {
+  auto store = ringreduce::make_memory_store();
+  const std::string p = unique_prefix();
+  // Rank 0 thinks the world has 3 ranks (and would wait for rank 2 until its timeout).
+  auto out = start({rank(0, 3, store, p), rank(1, 2, store, p)});
+  expect_all_failed(out, {0, 1}, {"ranks disagree on the world size: rank 0", "has 3", "has 2"});
+  EXPECT_EQ(out[0].code, ringreduce::ErrorCode::aborted) << "rank 0 learns it from rank 1's mark";
+  EXPECT_EQ(out[1].code, ringreduce::ErrorCode::mismatch);
+}
+
+TEST(StartUp, SettingsThatMustAgreeFailEveryRank) {
+  auto store = ringreduce::make_memory_store();
+  const std::string p = unique_prefix();
+  auto out = start({rank(0, 3, store, p), rank(1, 3, store, p),
+                    rank(2, 3, store, p, {{"RINGREDUCE_CHANNELS", "2"}})});
+  expect_all_failed(out, {0, 1, 2}, {"RINGREDUCE_CHANNELS: rank 0", "has 1", "rank 2", "has 2"});
+}
+
+TEST(StartUp, RankStartedTwiceFailsEveryRank) {
+  auto store = ringreduce::make_memory_store();
+  const std::string p = unique_prefix();
+  // Two processes believe they are rank 1 of 3; rank 2 never comes.
+  auto out = start({rank(0, 3, store, p), rank(1, 3, store, p), rank(1, 3, store, p)});
+  expect_all_failed(out, {0, 1, 1}, {"rank 1 was claimed twice"});
+}
+
+TEST(StartUp, AReusedStoreNeedsAJobIdOfItsOwn) {
+  auto store = ringreduce::make_memory_store();
+  const std::string p = unique_prefix();
+  auto first = start({rank(0, 2, store, p), rank(1, 2, store, p)});
+  ASSERT_TRUE(first[0].error.empty()) << first[0].error;
+  ASSERT_TRUE(first[1].error.empty()) << first[1].error;
+  // A second job on the same store and keys: its ranks find the first's claims.
+  auto second = start({rank(0, 2, store, p), rank(1, 2, store, p)});
+  expect_all_failed(second, {0, 1}, {"RINGREDUCE_JOB_ID"});
+}
+
+TEST(StartUp, ABadSettingOnOneRankFailsTheOthersAtOnce) {
+  auto store = ringreduce::make_memory_store();
+  const std::string p = unique_prefix();
+  auto out = start({rank(0, 3, store, p), rank(1, 3, store, p, {{"RINGREDUCE_NSOCKS", "99"}}),
+                    rank(2, 3, store, p)});
+  expect_all_failed(out, {0, 1, 2}, {"RINGREDUCE_NSOCKS=99 is not in 1..16"});
+  EXPECT_EQ(out[0].error, "rank 0: start-up: rank 1 failed: RINGREDUCE_NSOCKS=99 is not in 1..16");
+}
+
+// The failure mark ends any start-up wait in the store, not only the join's.
+TEST(StartUp, FailFastStoreEndsAWaitWhenTheJobIsMarkedFailed) {
+  auto store = ringreduce::make_memory_store();
+  ringreduce::rendezvous::FailFastStore fast(store, 20ms);
+  std::thread marker([&] {
+    std::this_thread::sleep_for(100ms);
+    ringreduce::rendezvous::mark_failed(*store, "rank 7: start-up: it broke");
+  });
+  const auto t0 = Clock::now();
+  try {
+    fast.get("never", 60s);
+    ADD_FAILURE() << "the wait returned";
+  } catch (const ringreduce::Error& e) {
+    EXPECT_EQ(std::string(e.what()), "rank 7 failed: it broke");
+  }
+  marker.join();
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 10.0);
+  // Without a mark, a wait times out naming the keys it waited for and its whole timeout.
+  auto quiet = ringreduce::make_memory_store();
+  ringreduce::rendezvous::FailFastStore slow(quiet, 20ms);
+  try {
+    slow.wait({"a", "b"}, 100ms);
+    ADD_FAILURE() << "the wait returned";
+  } catch (const ringreduce::TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("'a', 'b'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("100 ms"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace rrtest
