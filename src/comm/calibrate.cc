@@ -20,6 +20,10 @@ constexpr size_t kProbeBytes = 512 << 10;
 constexpr int kProbeSmallRounds = 16;
 constexpr size_t kProbeBulk = 1 << 20;
 constexpr int kProbeBulkRounds = 2;
+// Above this many ranks the bandwidth probe is a shift (each rank sends kProbeBulk to the next
+// in the ring, one step) instead of a ring allreduce (2(N-1) steps): at 256 ranks on two cores
+// the ring probe alone took minutes, every step waiting for every rank to be scheduled.
+constexpr int kRingProbeMaxRanks = 32;
 
 // Seconds per byte of the reduce kernel: f32 sum of two cached 32 KiB inputs, 16 at a time (one
 // takes about a microsecond, near the clock's granularity here), best of 4.
@@ -256,15 +260,36 @@ void CommImpl::probe_links(const core::Deadline& deadline) {
     auto run = [&](algorithms::RunFn fn, std::vector<float>& buf, int reps) {
       return time_probe_allreduce(fn, buf.data(), buf.size(), reps, deadline);
     };
+    const bool wide = size_ > kRingProbeMaxRanks;
+    std::vector<float> shifted(wide ? bulk.size() : 0);
+    // Seconds per shift of kProbeBulk bytes to the right neighbour (wide communicators).
+    auto shift = [&](int reps) {
+      const size_t seg = transport_->traits().segment_bytes;
+      const auto t0 = core::Clock::now();
+      for (int i = 0; i < reps; ++i) {
+        transport::Completion c;
+        for (size_t at = 0; at < kProbeBulk; at += seg) {
+          const size_t n = std::min(seg, kProbeBulk - at);
+          right.send(reinterpret_cast<const char*>(bulk.data()) + at, n, &c);
+          left.recv(reinterpret_cast<char*>(shifted.data()) + at, n, &c);
+        }
+        transport_->wait(c, deadline);
+      }
+      return std::chrono::duration<double>(core::Clock::now() - t0).count() / reps;
+    };
     // The first runs wake every rank and touch every FIFO slot and the scratch space.
     run(algorithms::recursive_doubling_allreduce, small, 4);
-    run(algorithms::ring_allreduce, bulk, 2);
+    if (wide)
+      shift(2);
+    else
+      run(algorithms::ring_allreduce, bulk, 2);
     run(algorithms::rabenseifner_allreduce, bulk, 1);
     double rd = 1e9, ring = 1e9, rab = 1e9;
     const size_t batches = std::max<size_t>(1, config_.size("RINGREDUCE_PROBE_BATCHES"));
     for (size_t b = 0; b < batches; ++b) {
       rd = std::min(rd, run(algorithms::recursive_doubling_allreduce, small, kProbeSmallRounds));
-      ring = std::min(ring, run(algorithms::ring_allreduce, bulk, kProbeBulkRounds));
+      ring = std::min(ring, wide ? shift(kProbeBulkRounds)
+                                 : run(algorithms::ring_allreduce, bulk, kProbeBulkRounds));
       rab = std::min(rab, run(algorithms::rabenseifner_allreduce, bulk, kProbeBulkRounds));
     }
     // Only rank 0's numbers count (they go round the ring): the others only ran.
@@ -273,8 +298,10 @@ void CommImpl::probe_links(const core::Deadline& deadline) {
       const double alpha = std::max(rd / algorithms::rd_steps(size_), 1e-8);
       const double n = size_, k = static_cast<double>(kProbeBulk);
       const double wire = 2 * (n - 1) / n * k;
+      // The ring: its bandwidth term on top of its alphas and its reductions; a shift: one step.
       const double beta =
-          std::max(ring - 2 * (n - 1) * alpha - (n - 1) / n * k * gamma, 0.05 * ring) / wire;
+          wide ? std::max(ring - alpha, 0.05 * ring) / k
+               : std::max(ring - 2 * (n - 1) * alpha - (n - 1) / n * k * gamma, 0.05 * ring) / wire;
       // Rabenseifner moves the ring's bytes in fewer steps, but each step's result goes through
       // the output before it is sent on: what it takes beyond the model without that is pi.
       tuner::Costs probe_costs;

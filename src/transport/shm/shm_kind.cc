@@ -1,6 +1,7 @@
 #include "transport/shm/shm_kind.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <linux/membarrier.h>
 #include <poll.h>
 #include <sched.h>
@@ -213,6 +214,58 @@ ShmKind::ShmKind(const ShmOptions& opts, Store& store, const core::Deadline& dea
 
 ShmKind::~ShmKind() = default;
 
+void ShmKind::accept_peer(core::Fd s, const core::auth::Nonce& nonce,
+                          const core::Deadline& deadline, int* expected, std::string* last_drop) {
+  const int rank = opts_.rank, size = opts_.size;
+  // The peer sent its hello right after connecting; give a slow one a moment.
+  pollfd in{s.get(), POLLIN, 0};
+  ::poll(&in, 1, std::min(deadline.remaining_ms(), 1000));
+  ShmHelloMsg m;
+  const ShmHello& h = m.hello;
+  core::Fd fd, bell;
+  std::string why;
+  struct stat st {};
+  if (!recv_hello(s.get(), &m, &fd, &bell))
+    why = "no hello";
+  else if (h.magic != kShmHelloMagic || h.version != kShmVersion)
+    why = "bad magic or version";
+  else if (h.auth != (opts_.token.empty() ? 0u : 1u) ||
+           (!opts_.token.empty() &&
+            !core::auth::proofs_equal(shm_proof(opts_.token, h, nonce), m.proof)))
+    why = "no valid proof of the token (RINGREDUCE_TOKEN differs?)";
+  else if (h.comm_id != opts_.comm_id)
+    why = "belongs to another communicator";
+  else if (h.world_size != size || h.channels != opts_.channels || h.rank < 0 || h.rank >= size ||
+           h.rank == rank || local_index_[static_cast<size_t>(h.rank)] < 0)
+    why = "unexpected rank or shape";
+  else if (peers_[static_cast<size_t>(h.rank)].in_sock.valid())
+    why = "duplicate connection";
+  else if (fstat(fd.get(), &st) != 0 || st.st_size < static_cast<off_t>(kHeaderBytes))
+    why = "unusable segment";
+  if (why.empty()) {
+    const size_t n = static_cast<size_t>(st.st_size);
+    void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+    if (p == MAP_FAILED) throw Error(errstr("mapping a peer's shared-memory segment failed"));
+    Mapping seg(p, n);
+    const SegmentHeader* sh = seg.header();
+    const size_t nfifos = fifo_count_;
+    if (sh->magic != kSegmentMagic || sh->comm_id != opts_.comm_id || sh->owner_rank != h.rank ||
+        sh->total_bytes != n || n != segment_bytes(nfifos) || sh->fifo_count != nfifos ||
+        sh->fifo_stride != kFifoStride) {
+      why = "segment does not match its hello";
+    } else {
+      Peer& peer = peers_[static_cast<size_t>(h.rank)];
+      peer.segment = std::move(seg);
+      peer.doorbell = std::move(bell);
+      peer.in_sock = std::move(s);
+      --*expected;
+      return;
+    }
+  }
+  RR_LOG(warn, rank, "dropped a shared-memory connection during start-up: ", why);
+  *last_drop = why;
+}
+
 void ShmKind::connect_peers(Store& store, const core::Deadline& deadline) {
   const int rank = opts_.rank, size = opts_.size;
   ShmHelloMsg msg;
@@ -228,14 +281,32 @@ void ShmKind::connect_peers(Store& store, const core::Deadline& deadline) {
   core::Fd listener(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   socklen_t len;
   sockaddr_un name = socket_name(opts_.comm_id, rank, &len);
+  // The longest backlog the kernel allows (net.core.somaxconn, 4096 by default): every peer of
+  // the host connects at once. Connecting and accepting also interleave below, so a full backlog
+  // slows start-up down but cannot deadlock it.
   if (!listener.valid() || bind(listener.get(), reinterpret_cast<sockaddr*>(&name), len) != 0 ||
-      listen(listener.get(), 128) != 0)
+      listen(listener.get(), SOMAXCONN) != 0)
     throw Error(errstr("listening for shared-memory peers failed"));
   const std::string published = opts_.token.empty() ? "-" : core::auth::nonce_to_hex(nonce);
   store.set("shm/" + std::to_string(rank), {published.begin(), published.end()});
 
-  // Connect to every peer and send our fds. A connect to a listening abstract socket completes
-  // at once from the backlog, so no ordering of ranks can deadlock.
+  // Accepting: a stranger (wrong id, rank, layout or token) is dropped and logged, and the last
+  // one is named if the wait times out.
+  std::string last_drop;
+  int expected = static_cast<int>(local_ranks_.size()) - 1;
+  // Accepts the connections waiting in the backlog, waiting up to wait_ms for the first.
+  auto accept_some = [&](int wait_ms) {
+    pollfd pfd{listener.get(), POLLIN, 0};
+    if (::poll(&pfd, 1, wait_ms) <= 0) return;
+    for (;;) {
+      core::Fd s(accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      if (!s.valid()) return;  // EAGAIN: the backlog is empty
+      accept_peer(std::move(s), nonce, deadline, &expected, &last_drop);
+    }
+  };
+
+  // Connect to every peer and send our fds. The connects do not block: while a peer's backlog
+  // is full (it is connecting to others itself), this rank accepts from its own and tries again.
   const auto timeout_ms = std::chrono::milliseconds(deadline.remaining_ms());
   for (int q : local_ranks_) {
     if (q == rank) continue;
@@ -248,7 +319,7 @@ void ShmKind::connect_peers(Store& store, const core::Deadline& deadline) {
                                        : "here but not on rank " + std::to_string(q)) +
                             ": every rank needs the same token");
     if (has_token) msg.proof = shm_proof(opts_.token, mine, theirs);
-    core::Fd s(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    core::Fd s(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     sockaddr_un to = socket_name(opts_.comm_id, q, &len);
     while (connect(s.get(), reinterpret_cast<sockaddr*>(&to), len) != 0) {
       if ((errno != EAGAIN && errno != EINTR) || deadline.expired())
@@ -256,16 +327,15 @@ void ShmKind::connect_peers(Store& store, const core::Deadline& deadline) {
                                 " over a Unix socket (set RINGREDUCE_SHM=0 to use TCP)")
                                    .c_str()),
                         q);
-      usleep(1000);
+      accept_some(1);
     }
+    // Blocking again for the hello (a few bytes and two fds) and for the link's life.
+    fcntl(s.get(), F_SETFL, fcntl(s.get(), F_GETFL) & ~O_NONBLOCK);
     send_hello(s.get(), msg, memfd_.get(), doorbell_.get());
     peers_[static_cast<size_t>(q)].out_sock = std::move(s);
   }
 
-  // Accept every peer. A stranger (wrong id, rank, layout or token) is dropped and logged, and the
-  // last one is named if the wait times out.
-  std::string last_drop;
-  int expected = static_cast<int>(local_ranks_.size()) - 1;
+  // Accept every peer not accepted yet.
   while (expected > 0) {
     if (deadline.expired()) {
       std::string missing;
@@ -276,57 +346,7 @@ void ShmKind::connect_peers(Store& store, const core::Deadline& deadline) {
           "timed out waiting for same-host ranks" + missing + " to connect" +
           (last_drop.empty() ? "" : " (last connection dropped: " + last_drop + ")"));
     }
-    pollfd pfd{listener.get(), POLLIN, 0};
-    if (::poll(&pfd, 1, deadline.remaining_ms(100)) <= 0) continue;
-    core::Fd s(accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
-    if (!s.valid()) continue;
-    // The peer sent its hello right after connecting; give a slow one a moment.
-    pollfd in{s.get(), POLLIN, 0};
-    ::poll(&in, 1, std::min(deadline.remaining_ms(), 1000));
-    ShmHelloMsg m;
-    const ShmHello& h = m.hello;
-    core::Fd fd, bell;
-    std::string why;
-    struct stat st {};
-    if (!recv_hello(s.get(), &m, &fd, &bell))
-      why = "no hello";
-    else if (h.magic != kShmHelloMagic || h.version != kShmVersion)
-      why = "bad magic or version";
-    else if (h.auth != (opts_.token.empty() ? 0u : 1u) ||
-             (!opts_.token.empty() &&
-              !core::auth::proofs_equal(shm_proof(opts_.token, h, nonce), m.proof)))
-      why = "no valid proof of the token (RINGREDUCE_TOKEN differs?)";
-    else if (h.comm_id != opts_.comm_id)
-      why = "belongs to another communicator";
-    else if (h.world_size != size || h.channels != opts_.channels || h.rank < 0 || h.rank >= size ||
-             h.rank == rank || local_index_[static_cast<size_t>(h.rank)] < 0)
-      why = "unexpected rank or shape";
-    else if (peers_[static_cast<size_t>(h.rank)].in_sock.valid())
-      why = "duplicate connection";
-    else if (fstat(fd.get(), &st) != 0 || st.st_size < static_cast<off_t>(kHeaderBytes))
-      why = "unusable segment";
-    if (why.empty()) {
-      const size_t n = static_cast<size_t>(st.st_size);
-      void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-      if (p == MAP_FAILED) throw Error(errstr("mapping a peer's shared-memory segment failed"));
-      Mapping seg(p, n);
-      const SegmentHeader* sh = seg.header();
-      const size_t nfifos = fifo_count_;
-      if (sh->magic != kSegmentMagic || sh->comm_id != opts_.comm_id || sh->owner_rank != h.rank ||
-          sh->total_bytes != n || n != segment_bytes(nfifos) || sh->fifo_count != nfifos ||
-          sh->fifo_stride != kFifoStride) {
-        why = "segment does not match its hello";
-      } else {
-        Peer& peer = peers_[static_cast<size_t>(h.rank)];
-        peer.segment = std::move(seg);
-        peer.doorbell = std::move(bell);
-        peer.in_sock = std::move(s);
-        --expected;
-        continue;
-      }
-    }
-    RR_LOG(warn, rank, "dropped a shared-memory connection during start-up: ", why);
-    last_drop = why;
+    accept_some(deadline.remaining_ms(100));
   }
 
   for (int q : local_ranks_) {

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "core/auth.h"
 #include "core/deadline.h"
 #include "core/fd.h"
 #include "ringreduce/store.h"
@@ -134,6 +135,10 @@ class ShmKind final : public LinkKind {
   };
 
   void connect_peers(Store& store, const core::Deadline& deadline);
+  // One accepted start-up connection: its hello and segment checked, the peer taken (and
+  // *expected counted down), or the connection dropped and logged (*last_drop says why).
+  void accept_peer(core::Fd s, const core::auth::Nonce& nonce, const core::Deadline& deadline,
+                   int* expected, std::string* last_drop);
   bool progress_all(bool stage = false);
   void flush_rings();
   // A peer that has begun this op's sequence number with another call: MismatchError.
