@@ -1,7 +1,13 @@
 /* ringreduce C ABI: a stable interface over the C++ Communicator for C, Fortran and FFI users.
  * No exception crosses it: every call returns an rr_result_t, and rr_last_error() gives the
  * message of the last failure ("rank 3: allreduce #812 (float x 4194304, sum): peer rank 2 closed
- * the connection"). */
+ * the connection").
+ *
+ * Handles: a call on a communicator or work handle that was destroyed or freed already, or that
+ * this library never made, returns RR_ERR_INVALID_ARGUMENT (rr_comm_rank/size: -1) and
+ * rr_last_error(NULL) says so; a second destroy or free does nothing. Not detected: a handle
+ * destroyed while another thread is inside a call on it, and a destroyed handle whose address a
+ * newer handle has been given. */
 #ifndef RINGREDUCE_H_
 #define RINGREDUCE_H_
 

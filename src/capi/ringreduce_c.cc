@@ -1,9 +1,12 @@
 // The C ABI: every entry point catches everything, so no exception crosses into C.
 #include "ringreduce/ringreduce.h"
 
+#include <cstdio>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "ringreduce/communicator.h"
@@ -27,6 +30,40 @@ struct rr_work {
 namespace {
 
 thread_local std::string t_init_error;
+
+// The handles this library made and has not destroyed. A call on any other pointer (destroyed,
+// freed, or never made here) is an error code, not a crash. A shared lock: calls from many
+// threads do not serialise on it. What it cannot catch: a handle destroyed while another thread
+// is inside a call on it (the caller's contract), and a destroyed handle whose address a new one
+// has been given since.
+std::shared_mutex g_live_mu;
+std::unordered_set<const void*> g_live;
+
+void make_live(const void* h) {
+  std::unique_lock<std::shared_mutex> lk(g_live_mu);
+  g_live.insert(h);
+}
+// False if h was not live (a second destroy is then a no-op).
+bool make_dead(const void* h) {
+  std::unique_lock<std::shared_mutex> lk(g_live_mu);
+  return g_live.erase(h) > 0;
+}
+bool live(const void* h) {
+  if (h == nullptr) return false;
+  std::shared_lock<std::shared_mutex> lk(g_live_mu);
+  return g_live.count(h) > 0;
+}
+// The error a call on a handle that is not live reports (rr_last_error with that handle, or
+// with NULL, returns it).
+rr_result_t not_live(const void* h, const char* what) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf,
+                "%s %p is not a live handle (destroyed or freed already, or not made by "
+                "ringreduce)",
+                what, h);
+  t_init_error = buf;
+  return RR_ERR_INVALID_ARGUMENT;
+}
 
 rr_result_t code_of(const ringreduce::Error& e) {
   return static_cast<rr_result_t>(e.code());
@@ -60,8 +97,9 @@ rr_result_t guarded(std::string* error, std::mutex* mu, Fn&& fn) {
   }
 }
 
-#define RR_CHECK_COMM(c) \
-  if ((c) == nullptr) return RR_ERR_INVALID_ARGUMENT
+#define RR_CHECK_COMM(c)                              \
+  if ((c) == nullptr) return RR_ERR_INVALID_ARGUMENT; \
+  if (!live(c)) return not_live(c, "rr_comm_t")
 #define RR_ON(c, body) guarded(&(c)->last_error, &(c)->mu, [&] { body; })
 
 // The C enums mirror the C++ ones value for value (the casts below rely on it).
@@ -91,8 +129,19 @@ rr_result_t start_async(rr_comm_t* c, rr_work_t** work, Fn&& fn) {
     auto w = std::make_unique<rr_work>();
     w->owner = c;
     w->work = fn();
+    make_live(w.get());
     *work = w.release();
   });
+}
+
+// A Work may outlive its communicator (its op is its own): its error then goes where an init's
+// does (rr_last_error(NULL)).
+template <typename Fn>
+rr_result_t on_work(rr_work_t* w, Fn&& fn) {
+  if (w == nullptr) return RR_ERR_INVALID_ARGUMENT;
+  if (!live(w)) return not_live(w, "rr_work_t");
+  if (live(w->owner)) return RR_ON(w->owner, fn());
+  return guarded(&t_init_error, nullptr, fn);
 }
 
 }  // namespace
@@ -105,6 +154,7 @@ rr_result_t rr_comm_init_from_env(rr_comm_t** out) {
   return guarded(&t_init_error, nullptr, [&] {
     auto c = std::make_unique<rr_comm>();
     c->comm = std::make_unique<ringreduce::Communicator>(ringreduce::Communicator::from_env());
+    make_live(c.get());
     *out = c.release();
   });
 }
@@ -123,18 +173,19 @@ rr_result_t rr_comm_init(rr_comm_t** out, int rank, int size, const char* addr, 
       o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
     auto c = std::make_unique<rr_comm>();
     c->comm = std::make_unique<ringreduce::Communicator>(o);
+    make_live(c.get());
     *out = c.release();
   });
 }
 
 void rr_comm_destroy(rr_comm_t* comm) {
-  delete comm;
+  if (make_dead(comm)) delete comm;
 }
 int rr_comm_rank(const rr_comm_t* comm) {
-  return comm ? comm->comm->rank() : -1;
+  return live(comm) ? comm->comm->rank() : -1;
 }
 int rr_comm_size(const rr_comm_t* comm) {
-  return comm ? comm->comm->size() : -1;
+  return live(comm) ? comm->comm->size() : -1;
 }
 
 rr_result_t rr_comm_abort(rr_comm_t* c, const char* reason) {
@@ -151,6 +202,7 @@ rr_result_t rr_comm_split(rr_comm_t* c, int color, int key, rr_comm_t** out) {
     if (!child.valid()) return;
     auto w = std::make_unique<rr_comm>();
     w->comm = std::make_unique<ringreduce::Communicator>(std::move(child));
+    make_live(w.get());
     *out = w.release();
   });
 }
@@ -273,25 +325,24 @@ rr_result_t rr_allreduce_async(rr_comm_t* c, const void* send, void* recv, size_
 }
 
 int rr_work_source(const rr_work_t* w) {
-  return w ? w->work.source() : -1;
+  return live(w) ? w->work.source() : -1;
 }
 
 rr_result_t rr_work_wait(rr_work_t* w) {
-  if (w == nullptr) return RR_ERR_INVALID_ARGUMENT;
-  return RR_ON(w->owner, w->work.wait());
+  return on_work(w, [&] { w->work.wait(); });
 }
 
 rr_result_t rr_work_test(rr_work_t* w, int* done) {
-  if (w == nullptr || done == nullptr) return RR_ERR_INVALID_ARGUMENT;
-  return RR_ON(w->owner, *done = w->work.test() ? 1 : 0);
+  if (done == nullptr) return RR_ERR_INVALID_ARGUMENT;
+  return on_work(w, [&] { *done = w->work.test() ? 1 : 0; });
 }
 
 void rr_work_free(rr_work_t* w) {
-  delete w;
+  if (make_dead(w)) delete w;
 }
 
 const char* rr_last_error(const rr_comm_t* c) {
-  if (c == nullptr) return t_init_error.c_str();
+  if (c == nullptr || !live(c)) return t_init_error.c_str();
   std::lock_guard<std::mutex> lock(c->mu);
   return c->last_error.c_str();
 }

@@ -908,6 +908,36 @@ TEST(Comm, StallWarningNamesTheRanksThatHaveNotReachedTheOpOnceAndAgainAtTheTime
   EXPECT_EQ(count("rank 2] WARN stall"), 0u) << err;
 }
 
+TEST(Comm, CApiRefusesDestroyedAndForeignHandles) {
+  ringreduce::rendezvous::TcpStoreServer server("127.0.0.1", 0);
+  setenv("RINGREDUCE_STORE_SERVER", "0", 1);
+  rr_comm_t* comm = nullptr;
+  const std::string addr = "127.0.0.1:" + std::to_string(server.port());
+  ASSERT_EQ(rr_comm_init(&comm, 0, 1, addr.c_str(), nullptr, 10), RR_OK) << rr_last_error(nullptr);
+  unsetenv("RINGREDUCE_STORE_SERVER");
+  float x = 1;
+  rr_work_t* work = nullptr;
+  ASSERT_EQ(rr_allreduce_async(comm, &x, &x, 1, RR_F32, RR_SUM, &work), RR_OK);
+  EXPECT_EQ(rr_comm_size(comm), 1);
+  rr_comm_destroy(comm);
+  // The communicator is gone: its calls are errors, not crashes.
+  EXPECT_EQ(rr_allreduce(comm, &x, &x, 1, RR_F32, RR_SUM), RR_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(rr_last_error(comm)).find("is not a live handle"), std::string::npos)
+      << rr_last_error(comm);
+  EXPECT_EQ(rr_comm_rank(comm), -1);
+  rr_comm_destroy(comm);  // a second destroy does nothing
+  // Its Work outlives it (the op had completed or was failed by the destruction).
+  rr_result_t r = rr_work_wait(work);
+  EXPECT_TRUE(r == RR_OK || r == RR_ERR_ABORTED) << rr_last_error(nullptr);
+  rr_work_free(work);
+  EXPECT_EQ(rr_work_wait(work), RR_ERR_INVALID_ARGUMENT);
+  rr_work_free(work);
+  // A pointer ringreduce never made.
+  int not_a_comm = 0;
+  EXPECT_EQ(rr_barrier(reinterpret_cast<rr_comm_t*>(&not_a_comm)), RR_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(rr_last_error(nullptr)).find("rr_comm_t"), std::string::npos);
+}
+
 TEST(Comm, CApiReportsErrorsWithoutExceptions) {
   // Through the C ABI, with the TCP store hosted by rank 0 as in a real job.
   ringreduce::rendezvous::TcpStoreServer probe("127.0.0.1", 0);
