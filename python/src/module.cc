@@ -24,6 +24,7 @@ using rr::python::PyComm;
 using rr::python::PyWork;
 
 PYBIND11_MODULE(_ringreduce, m) {
+  ringreduce::python::install_interrupt_hook();
   m.doc() = "ringreduce: bandwidth-optimal collectives (C++ core); see help(ringreduce)";
 
   // Exceptions mirror the C++ classes and carry the same messages.
@@ -258,8 +259,7 @@ PYBIND11_MODULE(_ringreduce, m) {
       [](PyComm& c, std::optional<double> timeout) {
         const auto comm = c.comm();
         const rr::CallOptions opts = call_options(timeout);
-        py::gil_scoped_release nogil;
-        comm->barrier(opts);
+        ringreduce::python::blocking_call(*comm, [&] { comm->barrier(opts); });
       },
       py::arg("timeout") = py::none(), "Returns once every rank has called barrier().");
   cls.def(

@@ -14,9 +14,24 @@
 #include <vector>
 
 #include "buffers.h"
+#include "interrupt.h"
 #include "ringreduce/ringreduce.hpp"
 
 namespace ringreduce::python {
+
+// Runs a call without the GIL; a Ctrl-C meanwhile aborts the communicator and comes back as
+// Python's KeyboardInterrupt (interrupt.h).
+template <typename F>
+void blocking_call(rr::Communicator& c, F&& f) {
+  Interruptible guard(c);
+  try {
+    py::gil_scoped_release nogil;
+    f();
+  } catch (const rr::Error&) {
+    guard.rethrow_if_interrupted();
+    throw;
+  }
+}
 
 // An async op's handle: the C++ Work plus the buffers it uses.
 class PyWork {
@@ -40,12 +55,18 @@ class PyWork {
     comm_.reset();  // if this was the last user after close(), the communicator ends here
   }
   bool wait(std::optional<double> timeout_s) {
-    py::gil_scoped_release nogil;
-    if (!timeout_s) {
-      work_.wait();
-      return true;
-    }
-    return work_.wait(to_ms(*timeout_s));
+    bool done = true;
+    auto run = [&] {
+      if (timeout_s)
+        done = work_.wait(to_ms(*timeout_s));
+      else
+        work_.wait();
+    };
+    if (comm_)
+      blocking_call(*comm_, run);
+    else
+      run();
+    return done;
   }
   bool is_completed() { return work_.test(); }
   std::string algorithm() const { return work_.algorithm(); }
@@ -165,8 +186,7 @@ class PyComm {
         break;
     }
     rr::Work w;
-    {
-      py::gil_scoped_release nogil;
+    blocking_call(c, [&] {
       auto run = [&](auto&& blocking, auto&& nonblocking) {
         if (async)
           w = nonblocking();
@@ -204,7 +224,7 @@ class PyComm {
               [&] { return c.alltoall_async(s, r, count, t, opts); });
           break;
       }
-    }
+    });
     py::object result = in_place ? send_obj : recv_obj;
     if (!async) return result;
     std::vector<Buffer> bufs{std::move(send)};
@@ -256,8 +276,7 @@ class PyComm {
     rr::CallOptions opts = call_options(timeout);
     place(opts, send, recv);
     rr::Work w;
-    {
-      py::gil_scoped_release nogil;
+    blocking_call(c, [&] {
       if (gather && async)
         w = c.gather_async(send.data, recv.data, count, t, root, opts);
       else if (gather)
@@ -266,7 +285,7 @@ class PyComm {
         w = c.scatter_async(send.data, recv.data, count, t, root, opts);
       else
         c.scatter(send.data, recv.data, count, t, root, opts);
-    }
+    });
     py::object result = gather ? (at_root ? recv_obj : py::none()) : recv_obj;
     if (!async) return result;
     if (send.data) bufs.push_back(std::move(send));
@@ -328,8 +347,7 @@ class PyComm {
     rr::CallOptions opts = call_options(timeout, premul_factor);
     place(opts, send, recv);
     rr::Work w;
-    {
-      py::gil_scoped_release nogil;
+    blocking_call(c, [&] {
       const void* s = send.data;
       void* r = recv.data;
       const rr::DataType t = send.dtype;
@@ -353,7 +371,7 @@ class PyComm {
             c.alltoallv(s, counts, r, recv_counts, t, opts);
           break;
       }
-    }
+    });
     if (!async) return recv_obj;
     std::vector<Buffer> bufs;
     bufs.push_back(std::move(send));
@@ -375,8 +393,7 @@ class PyComm {
     place(opts, buf, buf);
     rr::Work w;
     int source = -1;
-    {
-      py::gil_scoped_release nogil;
+    blocking_call(c, [&] {
       if (async)
         w = is_send ? c.send_async(buf.data, buf.count, buf.dtype, p, tag, opts)
                     : c.recv_async(buf.data, buf.count, buf.dtype, p, tag, opts);
@@ -384,7 +401,7 @@ class PyComm {
         c.send(buf.data, buf.count, buf.dtype, p, tag, opts);
       else
         source = c.recv(buf.data, buf.count, buf.dtype, p, tag, opts);
-    }
+    });
     if (async)
       return py::cast(std::make_unique<PyWork>(std::move(w), std::vector<Buffer>{std::move(buf)},
                                                buf_obj, keep));

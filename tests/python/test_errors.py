@@ -34,6 +34,16 @@ def test_bad_root_raises_invalid_argument_and_the_communicator_goes_on():
         assert f"AFTER {[float(N)] * 3}" in lines[rank], lines[rank]
 
 
+def test_ctrl_c_in_a_blocking_call_raises_keyboard_interrupt_and_aborts_the_peers():
+    _, lines, out = launch(2, "errors.py", "sigint", timeout=60)
+    got = [l for l in lines.get(0, []) if l.startswith("INTERRUPTED ")]
+    assert got, f"rank 0 did not raise KeyboardInterrupt:\n{out[-3000:]}"
+    # Within 100 ms of the signal here; the bound leaves room for a loaded machine.
+    assert float(got[0].split()[1]) < 1.0, got[0]
+    r1 = [l for l in lines.get(1, []) if l.startswith("RAISED ")]
+    assert r1 and "rank 0" in r1[0] and "interrupted" in r1[0], f"rank 1: {lines.get(1)}"
+
+
 def test_dead_peer_raises_peer_error_naming_it():
     _, lines, _ = launch(N, "errors.py", "dead_peer")
     got = raised({r: ls for r, ls in lines.items() if r != 1})

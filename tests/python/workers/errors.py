@@ -6,6 +6,8 @@ the error it got (or "NO ERROR"), and the test checks every rank's line.
   dead_peer       rank 1 exits without joining the allreduce; the others wait
   torch_mismatch  the same as mismatch through torch.distributed with backend "ringreduce"
   torch_p2p_size  rank 0 sends rank 1 100 floats where rank 1 receives 200 (then all barrier)
+  sigint          rank 0 gets SIGINT while its allreduce waits for rank 1, which comes 2 s late:
+                  rank 0 prints "INTERRUPTED <seconds from the signal>", the others their error
 """
 
 import os
@@ -63,6 +65,29 @@ elif case == "bad_root":
     a = np.ones(3)
     comm.allreduce(a)
     print("AFTER", a.tolist(), flush=True)
+elif case == "sigint":
+    import signal
+    import threading
+    import time
+
+    comm.barrier()
+    if R == 0:
+        sent = []
+
+        def interrupt():
+            time.sleep(0.5)
+            sent.append(time.monotonic())
+            os.kill(os.getpid(), signal.SIGINT)
+
+        threading.Thread(target=interrupt, daemon=True).start()
+        try:
+            comm.allreduce(np.zeros(1 << 16, dtype=np.float32), timeout=60)
+            print("NO ERROR", flush=True)
+        except KeyboardInterrupt:
+            print(f"INTERRUPTED {time.monotonic() - sent[0]:.3f}", flush=True)
+    else:
+        time.sleep(2)
+        report(lambda: comm.allreduce(np.zeros(1 << 16, dtype=np.float32), timeout=60))
 elif case == "dead_peer":
     comm.barrier()
     if R == 1:
