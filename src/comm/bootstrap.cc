@@ -76,10 +76,17 @@ std::exception_ptr CommImpl::startup_failed(const Error& e, const Options& optio
   } catch (const Error& x) {
     what = x.what();
   }
+  // The rank that hosts the store stays until the others have read the mark (at most 1.5 s):
+  // its store would otherwise go with it, and they would see a lost connection, not the cause.
+  constexpr std::chrono::milliseconds kLinger(1500);
   // A failure the job already knows (another rank's mark) needs no mark of its own.
-  if (e.code() == ErrorCode::aborted && startup_store_) return error;
+  if (e.code() == ErrorCode::aborted && startup_store_) {
+    if (store_server_ && !from) rendezvous::linger_for_readers(*store_, size_ - 1, kLinger);
+    return error;
+  }
   if (store_) {
     rendezvous::mark_failed(*store_, what);
+    if (store_server_ && !from) rendezvous::linger_for_readers(*store_, size_ - 1, kLinger);
   } else if (from || options.store) {
     // The store was given (a split's parent's, or the caller's): its keys are under the prefix.
     PrefixStore store(from ? from->store : options.store, options.store_prefix);
@@ -95,6 +102,20 @@ std::exception_ptr CommImpl::startup_failed(const Error& e, const Options& optio
           token = config_.str("RINGREDUCE_TOKEN");
         } catch (...) {
         }
+        // Rank 0 was to host the store: host it now, for as long as the news takes.
+        std::unique_ptr<rendezvous::TcpStoreServer> server;
+        std::string hosting;
+        try {
+          hosting = config_.str("RINGREDUCE_STORE_SERVER");
+        } catch (...) {
+        }
+        if (hints.rank && *hints.rank == "0" && hosting != "0") {
+          try {
+            server = std::make_unique<rendezvous::TcpStoreServer>(hints.store_host,
+                                                                  hints.store_port, token);
+          } catch (...) {  // someone else hosts it after all
+          }
+        }
         auto tcp = rendezvous::connect_tcp_store(hints.store_host, hints.store_port,
                                                  std::chrono::milliseconds(1000), token);
         std::string job;
@@ -105,6 +126,15 @@ std::exception_ptr CommImpl::startup_failed(const Error& e, const Options& optio
         PrefixStore store(tcp,
                           job.empty() ? options.store_prefix : options.store_prefix + "/" + job);
         rendezvous::mark_failed(store, what);
+        if (server) {
+          // How many will read it, if the world size can be read.
+          int others = 0;
+          try {
+            others = std::stoi(config_.str("RINGREDUCE_WORLD_SIZE")) - 1;
+          } catch (...) {
+          }
+          rendezvous::linger_for_readers(store, others, kLinger);
+        }
       } catch (...) {
       }
     }

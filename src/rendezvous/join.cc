@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <thread>
 
 #include "rendezvous/store_util.h"
 #include "ringreduce/error.h"
@@ -12,6 +13,7 @@ namespace {
 using std::chrono::milliseconds;
 
 constexpr const char* kFailed = "failed";
+constexpr const char* kFailedSeen = "failed_seen";
 
 std::vector<uint8_t> bytes(const std::string& s) {
   return {s.begin(), s.end()};
@@ -122,6 +124,15 @@ std::optional<std::string> job_failure(Store& store) {
   return text(store.get(kFailed, milliseconds(0)));
 }
 
+void linger_for_readers(Store& store, int others, milliseconds limit) {
+  const core::Deadline deadline = store_deadline(limit);
+  try {
+    while (!deadline.expired() && (others <= 0 || store.add(kFailedSeen, 0) < others))
+      std::this_thread::sleep_for(milliseconds(20));
+  } catch (...) {
+  }
+}
+
 void FailFastStore::wait(const std::vector<std::string>& keys, milliseconds timeout) {
   const core::Deadline deadline = store_deadline(timeout);
   for (;;) {
@@ -143,6 +154,10 @@ void FailFastStore::wait(const std::vector<std::string>& keys, milliseconds time
       const size_t at = msg.find(": start-up: ");
       if (msg.rfind("rank ", 0) == 0 && at != std::string::npos && at < 16)
         msg = msg.substr(0, at) + " failed: " + msg.substr(at + 12);
+      try {
+        inner_->add(kFailedSeen, 1);  // the failing store host waits for its readers
+      } catch (...) {
+      }
       throw Error(msg, ErrorCode::aborted);
     }
   }

@@ -45,6 +45,10 @@ void mark_failed(Store& store, const std::string& message);
 // The message of the job's failure, if it is marked failed.
 std::optional<std::string> job_failure(Store& store);
 
+// For the rank that hosts the store and fails: waits until `others` ranks have read the mark
+// (FailFastStore counts its readers), or `limit`, so that the store outlives the news.
+void linger_for_readers(Store& store, int others, std::chrono::milliseconds limit);
+
 // A store whose waits also watch the job's failure mark: a wait is cut into slices of
 // `slice`, and between them the mark is read; if it is there, the wait throws the failure
 // (an Error naming the rank that marked it, code aborted) instead of waiting out its timeout.

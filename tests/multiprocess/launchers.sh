@@ -116,7 +116,22 @@ case "$case_name" in
     [ "$(elapsed $t0)" -lt 10 ] || { echo "FAILED: a bad setting took $(elapsed $t0) s"; exit 1; }
     echo "ok: a bad setting on rank 1, both ranks told in $(elapsed $t0) s"
 
-    # 3. Two jobs, one after the other, on one standalone store: the second is refused at once
+    # 3. Rank 0, which hosts the store, fails before hosting it: it hosts it for the news, and
+    #    rank 1 (waiting to reach the store) learns why instead of timing out.
+    port=$(free_port)
+    t0=$SECONDS
+    run_rank one RINGREDUCE_RANK=1 RINGREDUCE_WORLD_SIZE=2 RINGREDUCE_ADDR=127.0.0.1:$port
+    sleep 0.5
+    run_rank zero RINGREDUCE_RANK=0 RINGREDUCE_WORLD_SIZE=2 RINGREDUCE_ADDR=127.0.0.1:$port \
+      RINGREDUCE_NSOCKS=99
+    wait "${pids[@]}"
+    pids=()
+    expect zero "rank 0: start-up: RINGREDUCE_NSOCKS=99 is not in 1..16"
+    expect one "rank 1: start-up: rank 0 failed: RINGREDUCE_NSOCKS=99 is not in 1..16"
+    [ "$(elapsed $t0)" -lt 10 ] || { echo "FAILED: rank 0's failure took $(elapsed $t0) s"; exit 1; }
+    echo "ok: the store's host failed first, rank 1 told in $(elapsed $t0) s"
+
+    # 4. Two jobs, one after the other, on one standalone store: the second is refused at once
     #    without a job id of its own, and runs with one.
     port=$(free_port)
     timeout 120 "$build/tools/ringreduce-store" --host 127.0.0.1 --port "$port" >"$tmp/store" 2>&1 &
