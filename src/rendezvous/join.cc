@@ -14,6 +14,9 @@ using std::chrono::milliseconds;
 
 constexpr const char* kFailed = "failed";
 constexpr const char* kFailedSeen = "failed_seen";
+// The timeout of a get whose key is known to exist: not 0, which torch 2.x's store takes as
+// "time out at once" even then.
+constexpr milliseconds kPresent(5000);
 
 std::vector<uint8_t> bytes(const std::string& s) {
   return {s.begin(), s.end()};
@@ -121,7 +124,7 @@ void mark_failed(Store& store, const std::string& message) {
 
 std::optional<std::string> job_failure(Store& store) {
   if (!store.check({kFailed})) return std::nullopt;
-  return text(store.get(kFailed, milliseconds(0)));
+  return text(store.get(kFailed, kPresent));
 }
 
 void linger_for_readers(Store& store, int others, milliseconds limit) {
@@ -165,7 +168,7 @@ void FailFastStore::wait(const std::vector<std::string>& keys, milliseconds time
 
 std::vector<uint8_t> FailFastStore::get(const std::string& key, milliseconds timeout) {
   wait({key}, timeout);
-  return inner_->get(key, milliseconds(0));
+  return inner_->get(key, kPresent);
 }
 
 JobTable join(Store& store, const JoinRecord& mine, uint64_t comm_id, milliseconds timeout) {
@@ -176,7 +179,7 @@ JobTable join(Store& store, const JoinRecord& mine, uint64_t comm_id, millisecon
   if (store.add("claim/" + r, 1) > 1) {
     std::string holder = "another process";
     if (store.check({"join/" + r}))
-      holder = decode(mine.rank, text(store.get("join/" + r, milliseconds(0)))).where;
+      holder = decode(mine.rank, text(store.get("join/" + r, kPresent))).where;
     if (store.check({"table"}))
       throw InvalidArgument(
           "rank " + r + " of a job that has already started is in the store (" + holder +
