@@ -88,48 +88,43 @@ case "$case_name" in
     expect() { grep -qF -- "$2" "$tmp/$1" || { echo "FAILED: $1 does not say: $2"; cat "$tmp/$1"; exit 1; }; }
     elapsed() { echo $((SECONDS - $1)); }
 
+    # pair WHAT FIRST SECOND FIRST_SAYS SECOND_SAYS FIRST_VARS -- SECOND_VARS: two ranks of a
+    # world of 2 (RANK as given in the VARS), the second started 0.5 s after the first; each
+    # must say its text within 10 s.
+    pair() {
+      local what=$1 first=$2 second=$3 first_says=$4 second_says=$5 t0=$SECONDS
+      shift 5
+      local vars=(RINGREDUCE_WORLD_SIZE=2 RINGREDUCE_ADDR=127.0.0.1:$(free_port)) one=()
+      while [ "$1" != -- ]; do one+=("$1"); shift; done
+      shift
+      run_rank "$first" "${vars[@]}" "${one[@]}"
+      sleep 0.5
+      run_rank "$second" "${vars[@]}" "$@"
+      wait "${pids[@]}"
+      pids=()
+      expect "$first" "$first_says"
+      expect "$second" "$second_says"
+      [ "$(elapsed $t0)" -lt 10 ] || { echo "FAILED: $what took $(elapsed $t0) s"; exit 1; }
+      echo "ok: $what, both ranks told in $(elapsed $t0) s"
+    }
+
     # 1. A rank started with RINGREDUCE_RANK=2 in a world of 2: it names itself, and rank 0
     #    learns it through the store instead of waiting for a rank 1.
-    port=$(free_port)
-    t0=$SECONDS
-    run_rank zero RINGREDUCE_RANK=0 RINGREDUCE_WORLD_SIZE=2 RINGREDUCE_ADDR=127.0.0.1:$port
-    sleep 0.5
-    run_rank two RINGREDUCE_RANK=2 RINGREDUCE_WORLD_SIZE=2 RINGREDUCE_ADDR=127.0.0.1:$port
-    wait "${pids[@]}"
-    pids=()
-    expect two "rank 2: start-up: RINGREDUCE_RANK=2 is not below RINGREDUCE_WORLD_SIZE=2"
-    expect zero "rank 0: start-up: rank 2 failed: RINGREDUCE_RANK=2 is not below"
-    [ "$(elapsed $t0)" -lt 10 ] || { echo "FAILED: rank out of range took $(elapsed $t0) s"; exit 1; }
-    echo "ok: a rank out of range, both ranks told in $(elapsed $t0) s"
-
+    pair "a rank out of range" zero two \
+      "rank 0: start-up: rank 2 failed: RINGREDUCE_RANK=2 is not below" \
+      "rank 2: start-up: RINGREDUCE_RANK=2 is not below RINGREDUCE_WORLD_SIZE=2" \
+      RINGREDUCE_RANK=0 -- RINGREDUCE_RANK=2
     # 2. A setting that does not parse on rank 1: named as rank 1 (its launcher's variable).
-    port=$(free_port)
-    t0=$SECONDS
-    run_rank zero RINGREDUCE_RANK=0 RINGREDUCE_WORLD_SIZE=2 RINGREDUCE_ADDR=127.0.0.1:$port
-    sleep 0.5
-    run_rank one RINGREDUCE_RANK=1 RINGREDUCE_WORLD_SIZE=2 RINGREDUCE_ADDR=127.0.0.1:$port \
-      RINGREDUCE_CHANNELS=0
-    wait "${pids[@]}"
-    pids=()
-    expect one "rank 1: start-up: RINGREDUCE_CHANNELS=0 is not in 1..64"
-    expect zero "rank 0: start-up: rank 1 failed: RINGREDUCE_CHANNELS=0 is not in 1..64"
-    [ "$(elapsed $t0)" -lt 10 ] || { echo "FAILED: a bad setting took $(elapsed $t0) s"; exit 1; }
-    echo "ok: a bad setting on rank 1, both ranks told in $(elapsed $t0) s"
-
+    pair "a bad setting on rank 1" zero one \
+      "rank 0: start-up: rank 1 failed: RINGREDUCE_CHANNELS=0 is not in 1..64" \
+      "rank 1: start-up: RINGREDUCE_CHANNELS=0 is not in 1..64" \
+      RINGREDUCE_RANK=0 -- RINGREDUCE_RANK=1 RINGREDUCE_CHANNELS=0
     # 3. Rank 0, which hosts the store, fails before hosting it: it hosts it for the news, and
     #    rank 1 (waiting to reach the store) learns why instead of timing out.
-    port=$(free_port)
-    t0=$SECONDS
-    run_rank one RINGREDUCE_RANK=1 RINGREDUCE_WORLD_SIZE=2 RINGREDUCE_ADDR=127.0.0.1:$port
-    sleep 0.5
-    run_rank zero RINGREDUCE_RANK=0 RINGREDUCE_WORLD_SIZE=2 RINGREDUCE_ADDR=127.0.0.1:$port \
-      RINGREDUCE_NSOCKS=99
-    wait "${pids[@]}"
-    pids=()
-    expect zero "rank 0: start-up: RINGREDUCE_NSOCKS=99 is not in 1..16"
-    expect one "rank 1: start-up: rank 0 failed: RINGREDUCE_NSOCKS=99 is not in 1..16"
-    [ "$(elapsed $t0)" -lt 10 ] || { echo "FAILED: rank 0's failure took $(elapsed $t0) s"; exit 1; }
-    echo "ok: the store's host failed first, rank 1 told in $(elapsed $t0) s"
+    pair "the store's host failing first" one zero \
+      "rank 1: start-up: rank 0 failed: RINGREDUCE_NSOCKS=99 is not in 1..16" \
+      "rank 0: start-up: RINGREDUCE_NSOCKS=99 is not in 1..16" \
+      RINGREDUCE_RANK=1 -- RINGREDUCE_RANK=0 RINGREDUCE_NSOCKS=99
 
     # 4. Two jobs, one after the other, on one standalone store: the second is refused at once
     #    without a job id of its own, and runs with one.
