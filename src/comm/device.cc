@@ -207,8 +207,10 @@ DeviceStage::DeviceStage(algorithms::Args& args, size_t send_bytes, size_t recv_
     input_->record(stream_);
     runtime.wait_value(stream_, slot_->flag(), slot_->generation);
     if (recv_dev) runtime.copy(recv, host_recv, recv_bytes, stream_);
-    output_->record(stream_);
+    // The slot's event first: a caller that saw its output arrive finds the slot free for its
+    // next call (else a quick next call would take a new slot).
     slot_->done->record(stream_);
+    output_->record(stream_);
   } catch (...) {
     // Whatever was enqueued must not wait for a release that will never come.
     release();
@@ -254,8 +256,10 @@ void DeviceStage::wait_output() {
 void DeviceStage::release() {
   if (released_) return;
   released_ = true;
-  std::atomic_ref<uint32_t>(*slot_->flag()).store(slot_->generation, std::memory_order_release);
+  // Free in the pool before the stream goes on, so the caller woken by its output finds the slot
+  // free; its done event (not yet passed: it follows the wait) keeps it from being reused early.
   pool_.release(slot_);
+  std::atomic_ref<uint32_t>(*slot_->flag()).store(slot_->generation, std::memory_order_release);
 }
 
 // ---- the communicator's side ------------------------------------------------------------
