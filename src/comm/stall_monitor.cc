@@ -60,7 +60,7 @@ void StallMonitor::loop() {
   uint64_t watched = 0;  // the op being timed, and for how many ticks it has been seen running
   int64_t ticks = 0;
   bool published = false, warned = false, mismatched = false;
-  std::vector<int> unsure;  // ranks not yet seen at the watched op
+  bool compared = false;  // with the first rank to report the watched op
   std::unique_lock<std::mutex> lk(mu_);
   // Bounded: every pass waits a tick or returns on stop_.
   while (!stop_) {
@@ -95,14 +95,11 @@ void StallMonitor::loop() {
     if (!published) {
       publish(tag);
       published = true;
-      unsure.clear();
-      for (int q = 0; q < size_; ++q)
-        if (q != rank_) unsure.push_back(q);
+      compared = false;
     }
-    // Everyone's word once, then the ranks still unseen once per publish_after: a stuck job of
-    // N ranks reads N keys per rank once, then only the missing ranks' keys.
-    if (!mismatched && !unsure.empty() && (ticks - 1) % 4 == 0 && hooks_.mismatch)
-      mismatched = compare(tag, &unsure);
+    // Once per publish_after: a few store requests per rank, however many ranks there are.
+    if (!mismatched && (ticks - 1) % 4 == 0 && hooks_.mismatch)
+      mismatched = compare(tag, &compared);
     if (!warned && warn_after_.count() > 0 && waited >= warn_after_) {
       warned_seq_.store(seq, std::memory_order_relaxed);
       std::ostringstream how;
@@ -135,6 +132,12 @@ void StallMonitor::publish(const transport::OpTag& tag) {
     const std::string v =
         std::to_string(tag.seq) + " " + std::to_string(tag.count) + " " + std::to_string(pack(tag));
     s->set("stall/" + std::to_string(rank_), std::vector<uint8_t>(v.begin(), v.end()));
+    // The first rank to report this op leaves its call for the others to compare with.
+    const std::string op = "stallop/" + std::to_string(tag.seq) + "/";
+    if (s->add(op + "n", 1) == 1) {
+      const std::string first = v + " " + std::to_string(rank_);
+      s->set(op + "first", std::vector<uint8_t>(first.begin(), first.end()));
+    }
   } catch (const std::exception& e) {
     store_failed_ = true;
     RR_LOG(warn, rank_, "stall reports are unavailable: ", e.what());
@@ -155,26 +158,39 @@ transport::OpTag StallMonitor::word_of(Store& s, int q) {
   return unpack(seq, count, meta);
 }
 
-bool StallMonitor::compare(const transport::OpTag& mine, std::vector<int>* unsure) {
+bool StallMonitor::compare(const transport::OpTag& mine, bool* compared) {
   Store* s = store();
   if (!s) return false;
+  const std::string op = "stallop/" + std::to_string(mine.seq) + "/";
   try {
-    for (size_t i = 0; i < unsure->size();) {
-      const int q = (*unsure)[i];
-      const transport::OpTag t = word_of(*s, q);
-      if (t.seq < mine.seq) {
-        ++i;
-        continue;
-      }
-      unsure->erase(unsure->begin() + static_cast<long>(i));
-      if (t.seq == mine.seq && (t.count != mine.count || pack(t) != pack(mine))) {
-        hooks_.mismatch("mismatched call: rank " + std::to_string(q) + " issued " +
-                        hooks_.describe(t) +
-                        " (seen through the store: the two calls had "
-                        "exchanged no message)");
-        return true;
-      }
+    // Another rank found a mismatch in this op: the same verdict here.
+    if (s->check({op + "mismatch"})) {
+      const std::vector<uint8_t> v = s->get(op + "mismatch", milliseconds(0));
+      hooks_.mismatch(std::string(v.begin(), v.end()));
+      return true;
     }
+    if (*compared || !s->check({op + "first"})) return false;
+    *compared = true;
+    const std::vector<uint8_t> v = s->get(op + "first", milliseconds(0));
+    unsigned long long seq = 0, count = 0, meta = 0;
+    int first = -1;
+    // Written by our own kind, but read defensively: anything unreadable compares equal.
+    if (std::sscanf(std::string(v.begin(), v.end()).c_str(), "%llu %llu %llu %d", &seq, &count,
+                    &meta, &first) != 4 ||
+        first == rank_)
+      return false;
+    const transport::OpTag t = unpack(seq, count, meta);
+    if (t.seq != mine.seq || (t.count == mine.count && pack(t) == pack(mine))) return false;
+    const std::string why = "(seen through the store: the two calls had exchanged no message)";
+    // For the ranks that issued either call and have not compared: both calls, both ranks.
+    const std::string verdict = "mismatched call: rank " + std::to_string(rank_) + " issued " +
+                                hooks_.describe(mine) + " where rank " + std::to_string(first) +
+                                " issued " + hooks_.describe(t) + " " + why;
+    if (!s->check({op + "mismatch"}))
+      s->set(op + "mismatch", std::vector<uint8_t>(verdict.begin(), verdict.end()));
+    hooks_.mismatch("mismatched call: rank " + std::to_string(first) + " issued " +
+                    hooks_.describe(t) + " " + why);
+    return true;
   } catch (const std::exception& e) {
     store_failed_ = true;
     RR_LOG(warn, rank_, "stall reports are unavailable: ", e.what());

@@ -8,8 +8,13 @@
 // a rank whose op has waited longer than `publish_after` writes "stall/<rank>" = that op's
 // sequence number and fingerprint, once per op. Every rank that has reached a stuck op S is stuck
 // in it (nobody can finish it without the missing ranks), so after `publish_after` every rank at S
-// has said so; the ranks whose word is below S (or missing) have not reached it, and a rank whose
-// word is S with another fingerprint issued another call: a MismatchError, through `mismatch`.
+// has said so; the ranks whose word is below S (or missing) have not reached it (read only for a
+// report). Mismatches take O(1) requests per rank, not N: the first rank to report S also writes
+// its call under "stallop/S/first"; each later one compares its own with it, and one whose call
+// differs fails with a MismatchError (through `mismatch`) and writes the verdict under
+// "stallop/S/mismatch", which every rank stuck in S reads at its next check. (Reading every
+// rank's word instead cost 2N requests per rank for every op that took a second: at 256 ranks on
+// two cores, where many do, the store drowned.)
 // An op that ends quickly costs the caller three relaxed atomic stores and nothing else: the
 // monitor thread samples the current op every `tick` and measures waits in ticks, so the op path
 // never reads a clock, and the store is touched only by ops that have waited a second.
@@ -75,9 +80,10 @@ class StallMonitor {
   void loop();
   // Store calls, each guarded: a store that fails is reported once and then left alone.
   void publish(const transport::OpTag& tag);
-  // Reads the word of the ranks in `unsure` (not yet seen at `tag.seq` or beyond), drops those
-  // that are, and reports a rank at the same op with another fingerprint. True on a mismatch.
-  bool compare(const transport::OpTag& tag, std::vector<int>* unsure);
+  // Compares this rank's call with the first one reported for the same op (once: *compared),
+  // and reads the verdict of a rank that found them different; reports a mismatch through
+  // hooks_.mismatch and returns true. A few store requests, whatever the number of ranks.
+  bool compare(const transport::OpTag& tag, bool* compared);
   // A rank's word: its op's tag (seq 0: none, or unreadable).
   transport::OpTag word_of(Store& s, int q);
   // `how`: "has waited 60 s", "timed out after 300 s", ...
