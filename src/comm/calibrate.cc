@@ -45,6 +45,14 @@ double measure_gamma() {
 
 double CommImpl::time_probe_allreduce(algorithms::RunFn fn, float* buf, size_t count, int reps,
                                       const core::Deadline& deadline) {
+  algorithms::Args args;
+  args.send = args.recv = buf;
+  args.count = count;
+  return time_probe_op(fn, args, reps, deadline);
+}
+
+double CommImpl::time_probe_op(algorithms::RunFn fn, algorithms::Args args, int reps,
+                               const core::Deadline& deadline) {
   const transport::KindTraits& traits = transport_->traits();
   algorithms::Context ctx{*transport_,
                           rank_,
@@ -58,9 +66,6 @@ double CommImpl::time_probe_allreduce(algorithms::RunFn fn, float* buf, size_t c
                           ring_.data(),
                           ring_pos_.data(),
                           host_size_};
-  algorithms::Args args;
-  args.send = args.recv = buf;
-  args.count = count;
   const auto t0 = core::Clock::now();
   for (int i = 0; i < reps; ++i) fn(ctx, args);
   return std::chrono::duration<double>(core::Clock::now() - t0).count() / reps;
@@ -218,18 +223,16 @@ void CommImpl::probe_links(const core::Deadline& deadline) {
   const int pos = ring_pos_[static_cast<size_t>(rank_)];
   auto& right = transport_->link(ring_[static_cast<size_t>((pos + 1) % size_)], 0);
   auto& left = transport_->link(ring_[static_cast<size_t>((pos + size_ - 1) % size_)], 0);
-  // Rank 0's values go around the ring, rank 0 first: {from file, alpha, beta, gamma, pi}.
+  // Rank 0's values reach every rank: {from file, alpha, beta, gamma, pi}, summed by recursive
+  // doubling with every other rank's zeros (exact), lg N steps. (They went around the ring
+  // first: N steps one after another, each waiting for its rank to be scheduled.)
   auto pass = [&](double(&v)[5]) {
-    transport::Completion c;
-    if (rank_ == 0) {
-      right.send(v, sizeof v, &c);
-      left.recv(v, sizeof v, &c);
-    } else {
-      left.recv(v, sizeof v, &c);
-      transport_->wait(c, deadline);
-      right.send(v, sizeof v, &c);
-    }
-    transport_->wait(c, deadline);
+    if (rank_ != 0) std::fill(std::begin(v), std::end(v), 0.0);
+    algorithms::Args a;
+    a.send = a.recv = v;
+    a.count = 5;
+    a.dtype = DataType::f64;
+    time_probe_op(algorithms::recursive_doubling_allreduce, a, 1, deadline);
   };
   double v[5] = {0, 0, 0, 0, 0};
   if (rank_ == 0) {
@@ -277,22 +280,28 @@ void CommImpl::probe_links(const core::Deadline& deadline) {
       }
       return std::chrono::duration<double>(core::Clock::now() - t0).count() / reps;
     };
+    // Wide communicators skip Rabenseifner (pi keeps its default) and run a quarter of the
+    // small calls: at 128 ranks on two cores its bulk runs took seconds (mostly first touches
+    // of 1 MiB FIFOs to lg N partners), and no pi the probe could find there changes a choice
+    // much (on shared memory the allreduce candidates are flat, direct and the ring).
+    const int small_rounds = wide ? kProbeSmallRounds / 4 : kProbeSmallRounds;
     // The first runs wake every rank and touch every FIFO slot and the scratch space.
     run(algorithms::recursive_doubling_allreduce, small, 4);
     if (wide)
       shift(2);
     else
       run(algorithms::ring_allreduce, bulk, 2);
-    run(algorithms::rabenseifner_allreduce, bulk, 1);
+    if (!wide) run(algorithms::rabenseifner_allreduce, bulk, 1);
     double rd = 1e9, ring = 1e9, rab = 1e9;
     const size_t batches = std::max<size_t>(1, config_.size("RINGREDUCE_PROBE_BATCHES"));
     for (size_t b = 0; b < batches; ++b) {
-      rd = std::min(rd, run(algorithms::recursive_doubling_allreduce, small, kProbeSmallRounds));
+      rd = std::min(rd, run(algorithms::recursive_doubling_allreduce, small, small_rounds));
       ring = std::min(ring, wide ? shift(kProbeBulkRounds)
                                  : run(algorithms::ring_allreduce, bulk, kProbeBulkRounds));
-      rab = std::min(rab, run(algorithms::rabenseifner_allreduce, bulk, kProbeBulkRounds));
+      if (!wide)
+        rab = std::min(rab, run(algorithms::rabenseifner_allreduce, bulk, kProbeBulkRounds));
     }
-    // Only rank 0's numbers count (they go round the ring): the others only ran.
+    // Only rank 0's numbers count (pass() hands them to every rank): the others only ran.
     if (rank_ == 0) {
       const double gamma = measure_gamma();
       const double alpha = std::max(rd / algorithms::rd_steps(size_), 1e-8);
@@ -313,7 +322,9 @@ void CommImpl::probe_links(const core::Deadline& deadline) {
       model.costs = probe_costs;
       model.n = size_;
       const double pi =
-          std::max(0.0, rab - algorithms::rabenseifner_allreduce_cost(model, k, 0)) / stepped;
+          wide
+              ? tuner::Tuner::default_costs(transport_->traits()).pi
+              : std::max(0.0, rab - algorithms::rabenseifner_allreduce_cost(model, k, 0)) / stepped;
       v[1] = alpha;
       v[2] = beta;
       v[3] = gamma;

@@ -186,6 +186,9 @@ class CommImpl {
   // op-less tag must be set).
   double time_probe_allreduce(algorithms::RunFn fn, float* buf, size_t count, int reps,
                               const core::Deadline& deadline);
+  // Runs `fn` on `args` `reps` times on the op-less probe tag; seconds per run.
+  double time_probe_op(algorithms::RunFn fn, algorithms::Args args, int reps,
+                       const core::Deadline& deadline);
   // The costs RINGREDUCE_TUNING_FILE gives for this communicator's link kind and size, if any.
   std::optional<tuner::Costs> tuning_file_costs(const std::string& kind) const;
 
