@@ -92,7 +92,12 @@ int main(int argc, char** argv) {
     // Bounded by the process's life: it ends on the first SIGINT or SIGTERM.
     while (sigwait(&stop_signals, &sig) != 0) {
     }
-    std::fprintf(stderr, "ringreduce-store: %s, shutting down\n", strsignal(sig));
+    const auto served = server.stats();
+    std::fprintf(
+        stderr,
+        "ringreduce-store: %s, shutting down (served %llu requests over %llu connections)\n",
+        strsignal(sig), static_cast<unsigned long long>(served.requests),
+        static_cast<unsigned long long>(served.connections));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ringreduce-store: %s\n", e.what());
     return 1;

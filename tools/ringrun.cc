@@ -1,6 +1,6 @@
 // ringrun: the local launcher.
 //
-//   ringrun -n N [--timeout SECONDS] [--bind core|none] [--] program [args...]
+//   ringrun -n N [--timeout SECONDS] [--bind core|none] [--store-stats] [--] program [args...]
 //
 // Starts N processes of program on this host, each told its place by RINGREDUCE_RANK,
 // RINGREDUCE_WORLD_SIZE, RINGREDUCE_LOCAL_RANK, RINGREDUCE_LOCAL_SIZE and RINGREDUCE_ADDR, and
@@ -74,7 +74,8 @@ constexpr size_t kReadChunk = 64 * 1024;
 constexpr size_t kMaxLine = 64 * 1024;
 
 const char kUsage[] =
-    "usage: ringrun -n N [--timeout SECONDS] [--bind core|none] [--] program [args...]\n"
+    "usage: ringrun -n N [--timeout SECONDS] [--bind core|none] [--store-stats] [--] program "
+    "[args...]\n"
     "\n"
     "Starts N local ranks of program and hosts their rendezvous store on 127.0.0.1.\n"
     "Each rank gets RINGREDUCE_RANK, RINGREDUCE_WORLD_SIZE, RINGREDUCE_LOCAL_RANK,\n"
@@ -88,6 +89,7 @@ const char kUsage[] =
     "  -n N                number of ranks, 1..1024\n"
     "  --timeout SECONDS   kill the job if it is still running after SECONDS\n"
     "  --bind core|none    pin rank i to the i-th usable core, round robin (default core)\n"
+    "  --store-stats       at the end, say how many requests the store served\n"
     "  -h, --help          print this text\n"
     "\n"
     "Exit status: 0 if every rank exited 0; else the first failing rank's code (128+signal\n"
@@ -213,6 +215,7 @@ struct Args {
   bool bind = true;
   std::optional<double> timeout_s;
   std::string timeout_text;
+  bool store_stats = false;
   std::vector<std::string> command;
 };
 
@@ -268,6 +271,9 @@ std::optional<Args> parse_args(int argc, char** argv, int* status) {
       }
       if (v != "core" && v != "none") return fail("--bind must be core or none, not '" + v + "'");
       a.bind = v == "core";
+      continue;
+    } else if (arg == "--store-stats") {
+      a.store_stats = true;
       continue;
     } else if (arg.rfind("--timeout=", 0) == 0) {
       name = "--timeout";
@@ -862,7 +868,13 @@ int run(int argc, char** argv) {
   // Declared after the store: ranks are killed and reaped before the store they use goes away.
   Launcher launcher(*args, *path, store.port(), signal_fd.get(), plan);
   if (int rc = launcher.start(); rc != 0) return rc;
-  return launcher.run();
+  const int rc = launcher.run();
+  if (args->store_stats) {
+    const auto served = store.stats();
+    say("the store served " + std::to_string(served.requests) + " requests over " +
+        std::to_string(served.connections) + " connections");
+  }
+  return rc;
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // transport table), the tuner, the calibration (calibrate.cc) and the stall monitor.
 #include <unistd.h>
 
+#include <optional>
 #include <random>
 
 #include "comm/comm_impl.h"
@@ -266,12 +267,21 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
   // Which ranks share a host: they may use shared memory, they share its cores, and the ring
   // keeps them next to each other. The join checks that the ranks belong together and hands
   // every rank the table in a constant number of store round trips.
+  // Where start-up spends its time (the "communicator ready" line, RINGREDUCE_DEBUG=INFO).
+  const auto t_begin = core::Clock::now();
+  auto ms_since = [](core::Clock::time_point t) {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(core::Clock::now() - t).count();
+  };
   std::vector<std::string> hosts(static_cast<size_t>(size_));
   const std::string mine = config_.str("RINGREDUCE_HOST_ID").empty()
                                ? transport::host_identity()
                                : "id:" + config_.str("RINGREDUCE_HOST_ID");
   hosts[static_cast<size_t>(rank_)] = mine;
+  // Listening before joining: what the peers need to reach this rank goes in its record.
+  std::optional<transport::Listeners> listeners;
+  std::vector<std::string> published;
   if (size_ > 1) {
+    listeners.emplace(config_, token);
     rendezvous::JoinRecord record;
     record.rank = rank_;
     record.world_size = size_;
@@ -280,10 +290,13 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
     gethostname(hostname, sizeof hostname - 1);
     record.where = "host " + std::string(hostname) + " pid " + std::to_string(getpid());
     record.settings = agreed_settings(config_);
+    record.links = listeners->published();
     const rendezvous::JobTable table = rendezvous::join(startup, record, comm_id, timeout_);
     comm_id = table.comm_id;
     hosts = table.hosts;
+    published = table.links;
   }
+  const auto t_joined = core::Clock::now();
   int same_host = 0;
   for (int q = 0; q < size_; ++q)
     same_host += hosts[static_cast<size_t>(q)] == hosts[static_cast<size_t>(rank_)] ? 1 : 0;
@@ -312,12 +325,15 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
                             ? static_cast<int>(config_.integer("RINGREDUCE_SPIN_US"))
                             : (oversubscribed ? 20 : 50);
   args.engine.oversubscribed = oversubscribed;
+  args.published = std::move(published);
+  args.listeners = listeners ? &*listeners : nullptr;
   // Enough yields for every rank that shares this core to run twice.
   if (oversubscribed)
     args.engine.max_idle_yields = 4 * static_cast<int>((local_size + cores - 1) / cores);
   // Every rank routes each pair alike (the transport table over the same host identities):
   // shared memory between the ranks of a host, TCP between hosts.
   transport_ = transport::connect(args, startup, deadline);
+  const auto t_linked = core::Clock::now();
   transport_->set_describer([this](const transport::OpTag& t) { return describe(t); });
   tuner::Setup setup;
   setup.size = size_;
@@ -338,7 +354,12 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
                             [this](const std::string& reason) {
                               transport_->interrupt(reason, static_cast<int>(ErrorCode::mismatch));
                             }});
-  RR_LOG(info, rank_, "communicator ready: ", size_, " ranks over ", transport_->kinds_text());
+  RR_LOG(info, rank_, "communicator ready: ", size_, " ranks over ", transport_->kinds_text(),
+         "; start-up ", ms_since(t_begin), " ms: join ",
+         std::chrono::duration_cast<std::chrono::milliseconds>(t_joined - t_begin).count(),
+         ", links ",
+         std::chrono::duration_cast<std::chrono::milliseconds>(t_linked - t_joined).count(),
+         ", probe and monitor ", ms_since(t_linked));
 }
 
 void CommImpl::ring_order(const std::vector<std::string>& hosts) {

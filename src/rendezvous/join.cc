@@ -30,10 +30,10 @@ std::string one_line(std::string s) {
   return s;
 }
 
-// world size, host, where, then the settings' lines.
+// world size, host, where, links, then the settings' lines.
 std::string encode(const JoinRecord& r) {
   return std::to_string(r.world_size) + "\n" + one_line(r.host) + "\n" + one_line(r.where) + "\n" +
-         r.settings;
+         one_line(r.links) + "\n" + r.settings;
 }
 JoinRecord decode(int rank, const std::string& s) {
   JoinRecord r;
@@ -43,6 +43,7 @@ JoinRecord decode(int rank, const std::string& s) {
   std::getline(in, world);
   std::getline(in, r.host);
   std::getline(in, r.where);
+  std::getline(in, r.links);
   r.settings.assign(std::istreambuf_iterator<char>(in), {});
   try {
     r.world_size = std::stoi(world);
@@ -52,18 +53,30 @@ JoinRecord decode(int rank, const std::string& s) {
   return r;
 }
 
+// comm id, the number of ranks, their hosts (a line each), then their links, a line each after
+// a '+' (an empty last line would not survive the trip).
 std::string encode(const JobTable& t) {
-  std::string s = std::to_string(t.comm_id);
+  std::string s = std::to_string(t.comm_id) + "\n" + std::to_string(t.hosts.size());
   for (const auto& h : t.hosts) s += "\n" + one_line(h);
+  for (const auto& l : t.links) s += "\n+" + one_line(l);
   return s;
 }
 JobTable decode_table(const std::string& s) {
   JobTable t;
   std::istringstream in(s);
   std::string line;
-  std::getline(in, line);
-  t.comm_id = std::stoull(line);
-  while (std::getline(in, line)) t.hosts.push_back(line);
+  try {
+    std::getline(in, line);
+    t.comm_id = std::stoull(line);
+    std::getline(in, line);
+    const size_t n = std::stoul(line);
+    while (t.hosts.size() < n && std::getline(in, line)) t.hosts.push_back(line);
+    while (std::getline(in, line))
+      if (!line.empty() && line[0] == '+') t.links.push_back(line.substr(1));
+  } catch (const std::exception&) {
+    throw Error("rank 0's table in the store is unreadable");
+  }
+  t.links.resize(t.hosts.size());
   return t;
 }
 
@@ -226,12 +239,14 @@ JobTable join(Store& store, const JoinRecord& mine, uint64_t comm_id, millisecon
   JobTable t;
   t.comm_id = comm_id;
   t.hosts.push_back(mine.host);
+  t.links.push_back(mine.links);
   std::string problems;
   for (int q = 1; q < n; ++q) {
     const JoinRecord rec = decode(q, text(store.get("join/" + std::to_string(q), timeout)));
     if (const std::string d = differences(mine, rec); !d.empty())
       problems += (problems.empty() ? "" : "; ") + d;
     t.hosts.push_back(rec.host);
+    t.links.push_back(rec.links);
   }
   if (!problems.empty()) fail(store, "ranks disagree on " + problems);
   store.set("table", bytes(encode(t)));

@@ -5,7 +5,8 @@
 //      store that still holds a job which has already started) and publishes a record: world
 //      size, host identity, the settings every rank must agree on, and where it runs (host, pid).
 //   2. Rank 0 waits for every record, checks them against its own, and publishes the table (the
-//      communicator id and every rank's host), or marks the job failed with one message naming
+//      communicator id, every rank's host and what it published for its peers to reach it:
+//      the only per-peer facts start-up needs), or marks the job failed with one message naming
 //      the ranks and the values that differ.
 //   3. The others wait for the table, and check it against themselves.
 //
@@ -31,11 +32,13 @@ struct JoinRecord {
   std::string host;      // host identity (shared memory and the ring's order by host)
   std::string settings;  // "NAME=value" lines of the settings that must agree, sorted
   std::string where;     // "host vm pid 1234", for messages
+  std::string links;     // what peers need to reach this rank (transport::Listeners), one line
 };
 
 struct JobTable {
   uint64_t comm_id = 0;
   std::vector<std::string> hosts;  // every rank's host identity
+  std::vector<std::string> links;  // every rank's JoinRecord::links
 };
 
 // Marks the job failed with `message` (best effort: a store that cannot be reached is ignored,

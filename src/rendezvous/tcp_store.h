@@ -26,6 +26,12 @@ class TcpStoreServer {
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
   int port() const;
+  // Requests served and connections accepted so far (bench/startup.sh: store traffic per rank).
+  struct Stats {
+    uint64_t requests = 0;
+    uint64_t connections = 0;
+  };
+  Stats stats() const;
 
  private:
   struct Impl;

@@ -24,6 +24,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -141,6 +142,9 @@ class StoreEngine {
   void drop(Conn& c, const std::string& why);
 
   std::unordered_map<uint64_t, Conn> conns;
+  // What it has served, for TcpStoreServer::stats() (read from other threads).
+  std::atomic<uint64_t> requests_served{0};
+  std::atomic<uint64_t> connections_accepted{0};
   Clock::time_point next_timer_check = Clock::time_point::max();
   std::string where = "TCP store";
 
@@ -180,6 +184,7 @@ class StoreEngine {
 
 Conn& StoreEngine::add_conn(core::Fd fd, std::string peer) {
   uint64_t id = next_id_++;
+  connections_accepted.fetch_add(1, std::memory_order_relaxed);
   Conn& c = conns[id];
   c.id = id;
   c.fd = std::move(fd);
@@ -395,6 +400,7 @@ bool StoreEngine::handle_request(Conn& c) {
 }
 
 void StoreEngine::execute(Conn& c, wire::Op op, wire::Reader& r) {
+  requests_served.fetch_add(1, std::memory_order_relaxed);
   std::vector<uint8_t> payload;
   wire::Writer w(&payload);
   switch (op) {
@@ -913,6 +919,11 @@ TcpStoreServer::~TcpStoreServer() = default;
 
 int TcpStoreServer::port() const {
   return impl_->bound_port;
+}
+
+TcpStoreServer::Stats TcpStoreServer::stats() const {
+  return {impl_->requests_served.load(std::memory_order_relaxed),
+          impl_->connections_accepted.load(std::memory_order_relaxed)};
 }
 
 // ---------------------------------------------------------------------------------------------

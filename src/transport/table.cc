@@ -18,8 +18,8 @@ bool shm_can_link(const ConnectArgs& a, int peer) {
   return same_host(a, peer) && a.config->str("RINGREDUCE_SHM") != "0";
 }
 
-std::unique_ptr<LinkKind> shm_connect(const ConnectArgs& a, const std::vector<int>& peers,
-                                      Store& store, const core::Deadline& deadline) {
+std::unique_ptr<LinkKind> shm_connect(const ConnectArgs& a, const std::vector<int>& peers, Store&,
+                                      const core::Deadline& deadline) {
   shm::ShmOptions o;
   o.rank = a.rank;
   o.size = a.size;
@@ -30,7 +30,14 @@ std::unique_ptr<LinkKind> shm_connect(const ConnectArgs& a, const std::vector<in
   o.local_ranks = peers;
   o.local_ranks.push_back(a.rank);
   std::sort(o.local_ranks.begin(), o.local_ranks.end());
-  return std::make_unique<shm::ShmKind>(o, store, deadline);
+  o.listener = a.listeners ? a.listeners->shm.get() : nullptr;
+  // Each rank's "shm=..." part of what it published.
+  for (const std::string& p : a.published) {
+    const size_t at = p.find("shm=");
+    o.published.push_back(at == std::string::npos ? ""
+                                                  : p.substr(at + 4, p.find(';', at) - at - 4));
+  }
+  return std::make_unique<shm::ShmKind>(o, deadline);
 }
 
 bool tcp_can_link(const ConnectArgs&, int) {
@@ -64,6 +71,14 @@ std::unique_ptr<LinkKind> tcp_connect(const ConnectArgs& a, const std::vector<in
 }
 
 }  // namespace
+
+Listeners::Listeners(const core::Config& config, const std::string& token) {
+  if (config.str("RINGREDUCE_SHM") != "0") shm = std::make_unique<shm::ShmListener>(!token.empty());
+}
+
+std::string Listeners::published() const {
+  return shm ? "shm=" + shm->published() : "";
+}
 
 const std::vector<KindEntry>& kind_table() {
   static const std::vector<KindEntry> kTable = {

@@ -13,8 +13,20 @@
 #include "core/deadline.h"
 #include "ringreduce/store.h"
 #include "transport/engine.h"
+#include "transport/shm/shm_kind.h"
 
 namespace ringreduce::transport {
+
+// The listeners a rank opens before it joins, so that what peers need to reach it travels in its
+// join record ("shm=<name>|<nonce>", or "" when shared memory is off) instead of through a store
+// key per kind and peer.
+struct Listeners {
+  // RINGREDUCE_SHM decides whether there is a shared-memory one; the token, whether it carries
+  // a nonce.
+  Listeners(const core::Config& config, const std::string& token);
+  std::string published() const;
+  std::unique_ptr<shm::ShmListener> shm;
+};
 
 // Everything a kind may need to connect: who we are, who the peers are, the settings.
 struct ConnectArgs {
@@ -32,6 +44,10 @@ struct ConnectArgs {
   std::string store_host;  // where the data interface is chosen from
   const core::Config* config = nullptr;
   EngineOptions engine;
+  // What the ranks published when they joined (Listeners::published(), by rank), and this
+  // rank's listeners.
+  std::vector<std::string> published;
+  const Listeners* listeners = nullptr;
 };
 
 struct KindEntry {

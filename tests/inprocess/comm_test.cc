@@ -717,7 +717,7 @@ TEST(Comm, StrangersAtStartUpAreDroppedAndTheJobConnects) {
   // Rank 0 reads every rank's join record before it listens: publish rank 1's ahead of it (what
   // rank 1 itself will write, given the same settings; rendezvous/join.h's format).
   const std::string record =
-      "2\nid:strangers-test\nthe test\n" +
+      "2\nid:strangers-test\nthe test\n\n" +  // no links: shared memory is off
       ringreduce::detail::agreed_settings(ringreduce::core::Config(settings));
   store->set("rr/join/1", std::vector<uint8_t>(record.begin(), record.end()));
   std::thread rank0([&] {

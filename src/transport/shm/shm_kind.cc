@@ -40,7 +40,8 @@ struct ShmHello {
 
 // What goes over the Unix socket: the hello and, with RINGREDUCE_TOKEN, the connector's proof of
 // it: HMAC(token, "ringreduce shm connector", hello, the acceptor's nonce). The acceptor publishes
-// a fresh nonce in the (authenticated) store before anyone may connect, so the proof needs no
+// a fresh nonce in its join record (through the authenticated store) before anyone may connect,
+// so the proof needs no
 // round trip and is good for this communicator and this acceptor only; a rank is accepted once.
 // The other direction needs no proof: the connector reaches the acceptor by an abstract socket
 // name that the acceptor bound before it published that nonce, so nobody else can hold it.
@@ -59,12 +60,11 @@ core::auth::Proof shm_proof(const std::string& token, const ShmHello& h,
 }
 
 // Abstract socket address (leading NUL): it exists only while the socket is open.
-sockaddr_un socket_name(uint64_t comm_id, int rank, socklen_t* len) {
+sockaddr_un socket_name(uint64_t id, socklen_t* len) {
   sockaddr_un a{};
   a.sun_family = AF_UNIX;
   char name[96];
-  int n = snprintf(name, sizeof name, "ringreduce/%016llx/%d",
-                   static_cast<unsigned long long>(comm_id), rank);
+  int n = snprintf(name, sizeof name, "ringreduce/%016llx", static_cast<unsigned long long>(id));
   std::memcpy(a.sun_path + 1, name, static_cast<size_t>(n));
   *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + static_cast<size_t>(n));
   return a;
@@ -148,6 +148,36 @@ Mapping& Mapping::operator=(Mapping&& o) noexcept {
   return *this;
 }
 
+ShmListener::ShmListener(bool with_token) : token_(with_token) {
+  if (token_) nonce_ = core::auth::random_nonce();
+  // A random name (64 bits from the kernel's generator): a clash with a live one is refused
+  // by bind (EADDRINUSE), and another draw is taken.
+  for (int tries = 0; tries < 8; ++tries) {
+    core::auth::Nonce r = core::auth::random_nonce();
+    std::memcpy(&name_, r.data(), sizeof name_);
+    fd_.reset(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!fd_.valid()) throw Error(errstr("creating the shared-memory listener failed"));
+    socklen_t len;
+    sockaddr_un a = socket_name(name_, &len);
+    if (bind(fd_.get(), reinterpret_cast<sockaddr*>(&a), len) == 0) {
+      // The longest backlog the kernel allows (net.core.somaxconn, 4096 by default): every peer
+      // of the host may connect at once. Connecting and accepting also interleave
+      // (connect_peers), so a full backlog slows start-up down but cannot deadlock it.
+      if (listen(fd_.get(), SOMAXCONN) != 0)
+        throw Error(errstr("listening for shared-memory peers failed"));
+      return;
+    }
+    if (errno != EADDRINUSE) break;
+  }
+  throw Error(errstr("binding the shared-memory listener failed"));
+}
+
+std::string ShmListener::published() const {
+  char name[17];
+  snprintf(name, sizeof name, "%016llx", static_cast<unsigned long long>(name_));
+  return std::string(name) + "|" + (token_ ? core::auth::nonce_to_hex(nonce_) : "-");
+}
+
 KindTraits ShmKind::static_traits() {
   KindTraits t;
   t.name = "shm";
@@ -162,8 +192,7 @@ KindTraits ShmKind::static_traits() {
   return t;
 }
 
-ShmKind::ShmKind(const ShmOptions& opts, Store& store, const core::Deadline& deadline)
-    : opts_(opts) {
+ShmKind::ShmKind(const ShmOptions& opts, const core::Deadline& deadline) : opts_(opts) {
   local_ranks_ = opts_.local_ranks;
   if (local_ranks_.empty())
     for (int q = 0; q < opts_.size; ++q) local_ranks_.push_back(q);
@@ -207,7 +236,7 @@ ShmKind::ShmKind(const ShmOptions& opts, Store& store, const core::Deadline& dea
   peers_.resize(static_cast<size_t>(opts_.size));
   ring_.assign(static_cast<size_t>(opts_.size), 0);
   links_.resize(static_cast<size_t>(opts_.size) * stride());
-  if (local_ranks_.size() > 1) connect_peers(store, deadline);
+  if (local_ranks_.size() > 1) connect_peers(deadline);
   // The peers have mapped it; nobody needs the fd any more.
   memfd_.reset();
 }
@@ -266,8 +295,10 @@ void ShmKind::accept_peer(core::Fd s, const core::auth::Nonce& nonce,
   *last_drop = why;
 }
 
-void ShmKind::connect_peers(Store& store, const core::Deadline& deadline) {
+void ShmKind::connect_peers(const core::Deadline& deadline) {
   const int rank = opts_.rank, size = opts_.size;
+  if (!opts_.listener || opts_.published.size() != static_cast<size_t>(size))
+    throw Error("shared-memory transport: no listener, or not every rank's address");
   ShmHelloMsg msg;
   ShmHello& mine = msg.hello;
   mine.comm_id = opts_.comm_id;
@@ -275,20 +306,8 @@ void ShmKind::connect_peers(Store& store, const core::Deadline& deadline) {
   mine.world_size = size;
   mine.channels = opts_.channels;
   mine.auth = opts_.token.empty() ? 0 : 1;
-  const core::auth::Nonce nonce =
-      opts_.token.empty() ? core::auth::Nonce{} : core::auth::random_nonce();
-
-  core::Fd listener(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  socklen_t len;
-  sockaddr_un name = socket_name(opts_.comm_id, rank, &len);
-  // The longest backlog the kernel allows (net.core.somaxconn, 4096 by default): every peer of
-  // the host connects at once. Connecting and accepting also interleave below, so a full backlog
-  // slows start-up down but cannot deadlock it.
-  if (!listener.valid() || bind(listener.get(), reinterpret_cast<sockaddr*>(&name), len) != 0 ||
-      listen(listener.get(), SOMAXCONN) != 0)
-    throw Error(errstr("listening for shared-memory peers failed"));
-  const std::string published = opts_.token.empty() ? "-" : core::auth::nonce_to_hex(nonce);
-  store.set("shm/" + std::to_string(rank), {published.begin(), published.end()});
+  const core::auth::Nonce& nonce = opts_.listener->nonce();
+  const int listener = opts_.listener->fd();
 
   // Accepting: a stranger (wrong id, rank, layout or token) is dropped and logged, and the last
   // one is named if the wait times out.
@@ -296,10 +315,10 @@ void ShmKind::connect_peers(Store& store, const core::Deadline& deadline) {
   int expected = static_cast<int>(local_ranks_.size()) - 1;
   // Accepts the connections waiting in the backlog, waiting up to wait_ms for the first.
   auto accept_some = [&](int wait_ms) {
-    pollfd pfd{listener.get(), POLLIN, 0};
+    pollfd pfd{listener, POLLIN, 0};
     if (::poll(&pfd, 1, wait_ms) <= 0) return;
     for (;;) {
-      core::Fd s(accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      core::Fd s(accept4(listener, nullptr, nullptr, SOCK_CLOEXEC));
       if (!s.valid()) return;  // EAGAIN: the backlog is empty
       accept_peer(std::move(s), nonce, deadline, &expected, &last_drop);
     }
@@ -307,12 +326,17 @@ void ShmKind::connect_peers(Store& store, const core::Deadline& deadline) {
 
   // Connect to every peer and send our fds. The connects do not block: while a peer's backlog
   // is full (it is connecting to others itself), this rank accepts from its own and tries again.
-  const auto timeout_ms = std::chrono::milliseconds(deadline.remaining_ms());
   for (int q : local_ranks_) {
     if (q == rank) continue;
-    const std::vector<uint8_t> v = store.get("shm/" + std::to_string(q), timeout_ms);
+    // "<name>|<nonce or ->", from the join's table.
+    const std::string& v = opts_.published[static_cast<size_t>(q)];
+    const size_t bar = v.find('|');
+    unsigned long long name = 0;
+    if (bar != 16 || std::sscanf(v.c_str(), "%16llx", &name) != 1)
+      throw Error("rank " + std::to_string(rank) + ": same-host rank " + std::to_string(q) +
+                  " published no shared-memory address ('" + v + "')");
     core::auth::Nonce theirs{};
-    const bool has_token = core::auth::nonce_from_hex(std::string(v.begin(), v.end()), &theirs);
+    const bool has_token = core::auth::nonce_from_hex(v.substr(bar + 1), &theirs);
     if (has_token != !opts_.token.empty())
       throw InvalidArgument("rank " + std::to_string(rank) + ": RINGREDUCE_TOKEN is set " +
                             (has_token ? "on rank " + std::to_string(q) + " but not here"
@@ -320,7 +344,8 @@ void ShmKind::connect_peers(Store& store, const core::Deadline& deadline) {
                             ": every rank needs the same token");
     if (has_token) msg.proof = shm_proof(opts_.token, mine, theirs);
     core::Fd s(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    sockaddr_un to = socket_name(opts_.comm_id, q, &len);
+    socklen_t len;
+    sockaddr_un to = socket_name(name, &len);
     while (connect(s.get(), reinterpret_cast<sockaddr*>(&to), len) != 0) {
       if ((errno != EAGAIN && errno != EINTR) || deadline.expired())
         throw PeerError(errstr(("could not reach same-host rank " + std::to_string(q) +

@@ -2,10 +2,11 @@
 // unless RINGREDUCE_SHM=0).
 //
 // Start-up: each rank creates a memfd segment for the FIFOs its peers write into (shm_layout.h)
-// and an eventfd doorbell, listens on an abstract Unix socket named after the communicator id and
-// its rank, and exchanges both fds with every peer (SCM_RIGHTS). Nothing is named in /dev/shm and
-// the abstract names vanish with their sockets, so a crash leaves nothing behind. The sockets stay
-// open for the communicator's life: a peer's socket closing is how its death is seen.
+// and an eventfd doorbell, listens on an abstract Unix socket of a random name (ShmListener,
+// published in its join record), and exchanges both fds with every peer (SCM_RIGHTS). Nothing is
+// named in /dev/shm and the abstract names vanish with their sockets, so a crash leaves nothing
+// behind. The sockets stay open for the communicator's life: a peer's socket closing is how its
+// death is seen.
 //
 // Progress: the engine (engine.h) polls the links, then sleeps in epoll_wait on, among others,
 // this kind's epoll fd, which holds the doorbell and the peers' sockets. A rank that makes
@@ -25,13 +26,33 @@
 #include "core/auth.h"
 #include "core/deadline.h"
 #include "core/fd.h"
-#include "ringreduce/store.h"
 #include "transport/kind.h"
 #include "transport/link.h"
 #include "transport/shm/shm_layout.h"
 #include "transport/shm/shm_link.h"
 
 namespace ringreduce::transport::shm {
+
+// Where a rank takes its same-host peers' connections: an abstract Unix socket of a random name,
+// and with RINGREDUCE_TOKEN the nonce connectors prove it against. Opened before the ranks join,
+// so that its name and nonce travel in the join record (rendezvous/join.h) and every rank has
+// every peer's from the join's table: no store request per peer (there were two per peer and
+// rank, 130,000 at 256 ranks, through one store thread). Bound before it is published, so a
+// connector that holds the name reaches this rank and nobody else.
+class ShmListener {
+ public:
+  explicit ShmListener(bool with_token);
+  // "<name>|<nonce>": 16 hex digits, then the nonce in hex or "-" without a token.
+  std::string published() const;
+  int fd() const { return fd_.get(); }
+  const core::auth::Nonce& nonce() const { return nonce_; }
+
+ private:
+  core::Fd fd_;
+  uint64_t name_ = 0;
+  core::auth::Nonce nonce_{};
+  bool token_ = false;
+};
 
 struct ShmOptions {
   int rank = 0;
@@ -45,6 +66,10 @@ struct ShmOptions {
   bool oversubscribed = false;
   // RINGREDUCE_TOKEN: peers prove they hold it before their segments are mapped; empty: no proof.
   std::string token;
+  // This rank's listener, and what every rank published from its own (ShmListener::published(),
+  // by rank; the join's table).
+  const ShmListener* listener = nullptr;
+  std::vector<std::string> published;
 };
 
 // An mmap'd region, unmapped on destruction.
@@ -68,7 +93,7 @@ class Mapping {
 class ShmKind final : public LinkKind {
  public:
   // Connects to every other rank of local_ranks. Bounded by deadline.
-  ShmKind(const ShmOptions& opts, Store& store, const core::Deadline& deadline);
+  ShmKind(const ShmOptions& opts, const core::Deadline& deadline);
   ~ShmKind() override;
 
   // What shared memory offers, before anything is measured.
@@ -134,7 +159,7 @@ class ShmKind final : public LinkKind {
     uint64_t floor_ = 0;  // every peer is known to have reached this op
   };
 
-  void connect_peers(Store& store, const core::Deadline& deadline);
+  void connect_peers(const core::Deadline& deadline);
   // One accepted start-up connection: its hello and segment checked, the peer taken (and
   // *expected counted down), or the connection dropped and logged (*last_drop says why).
   void accept_peer(core::Fd s, const core::auth::Nonce& nonce, const core::Deadline& deadline,

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Start-up at scale on this host: for each N, `ringrun -n N --store-stats` of
+# ringreduce-startup (bench/startup.cc: launch to communicator ready and to the first allreduce
+# done, slowest rank, then a barrier, an allreduce and an alltoall checked), and the requests
+# the store served, per rank. With -g, torch's gloo backend does the same through
+# bench/torch_startup.py (init_process_group + one allreduce + barrier) at the sizes in -G.
+# Rounds are interleaved (N1 N2 ... then again); the table keeps the best and the spread.
+#
+# usage: bench/startup.sh [-N "16 32 64 128 256"] [-r ROUNDS] [-g] [-G "16 32 64"]
+#                         [-o OUTDIR] [-p PNG] [-B BUILD_DIR]
+# Writes OUTDIR/startup.csv, OUTDIR/startup.md and, with python3-matplotlib, the plot PNG
+# (default docs/startup.png).
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+NS="16 32 64 128 256" ROUNDS=3 GLOO=0 GLOO_NS="16 32 64" OUT=/tmp/startup-$(date +%Y%m%d-%H%M%S)
+PNG=$ROOT/docs/startup.png BUILD=$ROOT/build
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -N) NS=$2; shift 2 ;; -r) ROUNDS=$2; shift 2 ;; -g) GLOO=1; shift ;; -G) GLOO_NS=$2; shift 2 ;;
+    -o) OUT=$2; shift 2 ;; -p) PNG=$2; shift 2 ;; -B) BUILD=$2; shift 2 ;;
+    -h | --help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "unknown argument: $1" >&2; exit 2 ;;
+  esac
+done
+RINGRUN=$BUILD/tools/ringrun
+PROG=$BUILD/bench/ringreduce-startup
+[ -x "$RINGRUN" ] && [ -x "$PROG" ] || { echo "startup: build first ($RINGRUN, $PROG)" >&2; exit 2; }
+mkdir -p "$OUT"
+# Every rank holds a few descriptors per same-host peer.
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+csv=$OUT/startup.csv
+echo "lib,n,round,ready_s,first_allreduce_s,last_start_s,wall_s,store_requests,requests_per_rank,check" >"$csv"
+
+run_ringreduce() {
+  local n=$1 round=$2 t0 t1 out line req
+  t0=$(date +%s.%N)
+  out=$("$RINGRUN" -n "$n" --store-stats --timeout 300 -- "$PROG" 2>&1)
+  local rc=$?
+  t1=$(date +%s.%N)
+  line=$(grep -m1 "startup N=" <<<"$out" | sed 's/^\[0\] //')
+  req=$(sed -n 's/.*the store served \([0-9]*\) requests.*/\1/p' <<<"$out" | tail -1)
+  if [ $rc -ne 0 ] || [ -z "$line" ]; then
+    echo "ringreduce N=$n round $round: FAILED (rc $rc)"; echo "$out" | tail -20
+    echo "ringreduce,$n,$round,,,,$(echo "$t1 - $t0" | bc),${req:-},,failed" >>"$csv"
+    return
+  fi
+  read -r ready first last check < <(awk '{for (i=1;i<=NF;i++) {if ($i=="ready") r=$(i+1);
+    if ($i=="first_allreduce") f=$(i+1); if ($i=="last_start") l=$(i+1); if ($i=="check") c=$(i+1)}}
+    END {print r, f, l, c}' <<<"$line")
+  echo "ringreduce N=$n round $round: $line; store $req requests; wall $(printf %.2f "$(echo "$t1 - $t0" | bc)") s"
+  echo "ringreduce,$n,$round,$ready,$first,$last,$(echo "$t1 - $t0" | bc),$req,$(echo "scale=1; $req / $n" | bc),$check" >>"$csv"
+}
+
+run_gloo() {
+  local n=$1 round=$2 t0 t1 out line
+  t0=$(date +%s.%N)
+  out=$("$RINGRUN" -n "$n" --timeout 300 -- /usr/bin/python3 "$ROOT/bench/torch_startup.py" 2>&1)
+  local rc=$?
+  t1=$(date +%s.%N)
+  line=$(grep -m1 "startup N=" <<<"$out" | sed 's/^\[0\] //')
+  if [ $rc -ne 0 ] || [ -z "$line" ]; then
+    echo "gloo N=$n round $round: FAILED (rc $rc)"; echo "$out" | tail -20
+    echo "gloo,$n,$round,,,,$(echo "$t1 - $t0" | bc),,,failed" >>"$csv"
+    return
+  fi
+  read -r ready first last check < <(awk '{for (i=1;i<=NF;i++) {if ($i=="ready") r=$(i+1);
+    if ($i=="first_allreduce") f=$(i+1); if ($i=="last_start") l=$(i+1); if ($i=="check") c=$(i+1)}}
+    END {print r, f, l, c}' <<<"$line")
+  echo "gloo N=$n round $round: $line; wall $(printf %.2f "$(echo "$t1 - $t0" | bc)") s"
+  echo "gloo,$n,$round,$ready,$first,$last,$(echo "$t1 - $t0" | bc),,,$check" >>"$csv"
+}
+
+for round in $(seq 1 "$ROUNDS"); do
+  for n in $NS; do run_ringreduce "$n" "$round"; done
+  if [ "$GLOO" = 1 ]; then for n in $GLOO_NS; do run_gloo "$n" "$round"; done; fi
+done
+
+# The table: per library and N, the best round's first allreduce (and the spread over rounds).
+/usr/bin/python3 - "$csv" "$OUT/startup.md" "$PNG" <<'EOF'
+import csv, sys
+rows = [r for r in csv.DictReader(open(sys.argv[1])) if r["check"] == "ok"]
+by = {}
+for r in rows:
+    by.setdefault((r["lib"], int(r["n"])), []).append(r)
+lines = ["| library | N | launch to first allreduce, best (s) | spread over rounds (s) | ready (s) | last process started (s) | store requests per rank |",
+         "|---|---|---|---|---|---|---|"]
+for (lib, n), rs in sorted(by.items()):
+    best = min(rs, key=lambda r: float(r["first_allreduce_s"]))
+    firsts = sorted(float(r["first_allreduce_s"]) for r in rs)
+    lines.append(f"| {lib} | {n} | {float(best['first_allreduce_s']):.2f} | {firsts[0]:.2f}-{firsts[-1]:.2f} ({len(rs)} rounds) | "
+                 f"{float(best['ready_s']):.2f} | {float(best['last_start_s']):.2f} | {best['requests_per_rank'] or '-'} |")
+open(sys.argv[2], "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+except ImportError:
+    print("(no plot: python3-matplotlib is not installed)")
+    sys.exit(0)
+fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+for lib in sorted({k[0] for k in by}):
+    ns = sorted(n for (l, n) in by if l == lib)
+    best = [min(float(r["first_allreduce_s"]) for r in by[(lib, n)]) for n in ns]
+    ax[0].plot(ns, best, "o-", label=lib)
+    if lib == "ringreduce":
+        req = [float(min(by[(lib, n)], key=lambda r: float(r["first_allreduce_s"]))["requests_per_rank"]) for n in ns]
+        ax[1].plot(ns, req, "o-", label=lib)
+for a in ax:
+    a.set_xscale("log", base=2)
+    a.set_xlabel("ranks on one host (2 cores)")
+    a.legend()
+    a.grid(True, alpha=0.3)
+ax[0].set_ylabel("launch to first allreduce done (s, best of rounds)")
+ax[1].set_ylabel("store requests per rank")
+fig.tight_layout()
+fig.savefig(sys.argv[3], dpi=100)
+print("plot:", sys.argv[3])
+EOF
