@@ -92,8 +92,9 @@ void send_hello(int sock, const ShmHelloMsg& h, int memfd, int doorbell) {
     throw Error(errstr("sending the shared-memory hello failed"));
 }
 
-// Receives a hello and its two fds; false (fds closed) on anything malformed.
-bool recv_hello(int sock, ShmHelloMsg* h, core::Fd* memfd, core::Fd* doorbell) {
+// Receives a hello and its two fds: 1; 0 (fds closed) on anything malformed; -1 if nothing has
+// arrived yet.
+int recv_hello(int sock, ShmHelloMsg* h, core::Fd* memfd, core::Fd* doorbell) {
   iovec iov{h, sizeof *h};
   alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))] = {};
   msghdr msg{};
@@ -102,6 +103,7 @@ bool recv_hello(int sock, ShmHelloMsg* h, core::Fd* memfd, core::Fd* doorbell) {
   msg.msg_control = control;
   msg.msg_controllen = sizeof control;
   ssize_t r = recvmsg(sock, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return -1;
   std::vector<int> fds;
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); r >= 0 && c; c = CMSG_NXTHDR(&msg, c)) {
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
@@ -116,11 +118,11 @@ bool recv_hello(int sock, ShmHelloMsg* h, core::Fd* memfd, core::Fd* doorbell) {
       r == static_cast<ssize_t>(sizeof *h) && !(msg.msg_flags & MSG_CTRUNC) && fds.size() == 2;
   if (!ok) {
     for (int fd : fds) ::close(fd);
-    return false;
+    return 0;
   }
   memfd->reset(fds[0]);
   doorbell->reset(fds[1]);
-  return true;
+  return 1;
 }
 
 constexpr uint64_t kDoorbellEvent = ~0ull;
@@ -243,18 +245,19 @@ ShmKind::ShmKind(const ShmOptions& opts, const core::Deadline& deadline) : opts_
 
 ShmKind::~ShmKind() = default;
 
-void ShmKind::accept_peer(core::Fd s, const core::auth::Nonce& nonce,
-                          const core::Deadline& deadline, int* expected, std::string* last_drop) {
+bool ShmKind::accept_peer(core::Fd& s, const core::auth::Nonce& nonce, int* expected,
+                          std::string* last_drop) {
   const int rank = opts_.rank, size = opts_.size;
-  // The peer sent its hello right after connecting; give a slow one a moment.
-  pollfd in{s.get(), POLLIN, 0};
-  ::poll(&in, 1, std::min(deadline.remaining_ms(), 1000));
   ShmHelloMsg m;
   const ShmHello& h = m.hello;
   core::Fd fd, bell;
   std::string why;
   struct stat st {};
-  if (!recv_hello(s.get(), &m, &fd, &bell))
+  const int got = recv_hello(s.get(), &m, &fd, &bell);
+  // The peer sends its hello right after connecting, but with hundreds of ranks on a few cores
+  // it may not run again for seconds: the connection waits, without holding up the others.
+  if (got < 0) return false;
+  if (got == 0)
     why = "no hello";
   else if (h.magic != kShmHelloMagic || h.version != kShmVersion)
     why = "bad magic or version";
@@ -288,11 +291,13 @@ void ShmKind::accept_peer(core::Fd s, const core::auth::Nonce& nonce,
       peer.doorbell = std::move(bell);
       peer.in_sock = std::move(s);
       --*expected;
-      return;
+      return true;
     }
   }
   RR_LOG(warn, rank, "dropped a shared-memory connection during start-up: ", why);
   *last_drop = why;
+  s.reset();
+  return true;
 }
 
 void ShmKind::connect_peers(const core::Deadline& deadline) {
@@ -313,15 +318,21 @@ void ShmKind::connect_peers(const core::Deadline& deadline) {
   // one is named if the wait times out.
   std::string last_drop;
   int expected = static_cast<int>(local_ranks_.size()) - 1;
-  // Accepts the connections waiting in the backlog, waiting up to wait_ms for the first.
+  // Accepted connections whose hello has not arrived yet.
+  std::vector<core::Fd> waiting;
+  // Accepts the connections in the backlog and reads the hellos that have arrived, waiting up
+  // to wait_ms for anything to happen.
   auto accept_some = [&](int wait_ms) {
-    pollfd pfd{listener, POLLIN, 0};
-    if (::poll(&pfd, 1, wait_ms) <= 0) return;
+    std::vector<pollfd> pfds{{listener, POLLIN, 0}};
+    for (const core::Fd& w : waiting) pfds.push_back({w.get(), POLLIN, 0});
+    if (::poll(pfds.data(), pfds.size(), wait_ms) <= 0) return;
     for (;;) {
-      core::Fd s(accept4(listener, nullptr, nullptr, SOCK_CLOEXEC));
-      if (!s.valid()) return;  // EAGAIN: the backlog is empty
-      accept_peer(std::move(s), nonce, deadline, &expected, &last_drop);
+      core::Fd s(accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+      if (!s.valid()) break;  // EAGAIN: the backlog is empty
+      waiting.push_back(std::move(s));
     }
+    std::erase_if(waiting,
+                  [&](core::Fd& w) { return accept_peer(w, nonce, &expected, &last_drop); });
   };
 
   // Connect to every peer and send our fds. The connects do not block: while a peer's backlog
@@ -367,6 +378,8 @@ void ShmKind::connect_peers(const core::Deadline& deadline) {
       for (int q : local_ranks_)
         if (q != rank && !peers_[static_cast<size_t>(q)].in_sock.valid())
           missing += " " + std::to_string(q);
+      if (last_drop.empty() && !waiting.empty())
+        last_drop = std::to_string(waiting.size()) + " connected but sent no hello";
       throw TimeoutError(
           "timed out waiting for same-host ranks" + missing + " to connect" +
           (last_drop.empty() ? "" : " (last connection dropped: " + last_drop + ")"));

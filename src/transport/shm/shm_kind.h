@@ -160,10 +160,11 @@ class ShmKind final : public LinkKind {
   };
 
   void connect_peers(const core::Deadline& deadline);
-  // One accepted start-up connection: its hello and segment checked, the peer taken (and
-  // *expected counted down), or the connection dropped and logged (*last_drop says why).
-  void accept_peer(core::Fd s, const core::auth::Nonce& nonce, const core::Deadline& deadline,
-                   int* expected, std::string* last_drop);
+  // One accepted start-up connection: false while its hello has not arrived; else true, with its
+  // hello and segment checked and the peer taken (*expected counted down, `s` moved into it), or
+  // the connection dropped and logged (*last_drop says why).
+  bool accept_peer(core::Fd& s, const core::auth::Nonce& nonce, int* expected,
+                   std::string* last_drop);
   bool progress_all(bool stage = false);
   void flush_rings();
   // A peer that has begun this op's sequence number with another call: MismatchError.
