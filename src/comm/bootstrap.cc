@@ -326,6 +326,7 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
                             : (oversubscribed ? 20 : 50);
   args.engine.oversubscribed = oversubscribed;
   args.published = std::move(published);
+  args.check_failed = [&startup = *startup_store_] { startup.throw_if_failed(); };
   args.listeners = listeners ? &*listeners : nullptr;
   // Enough yields for every rank that shares this core to run twice.
   if (oversubscribed)

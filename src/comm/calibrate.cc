@@ -7,6 +7,7 @@
 #include "comm/comm_impl.h"
 #include "core/log.h"
 #include "reduce/reduce.h"
+#include "rendezvous/join.h"
 #include "ringreduce/error.h"
 
 namespace ringreduce::detail {

@@ -31,7 +31,8 @@
 
 namespace ringreduce::rendezvous {
 class TcpStoreServer;
-}
+class FailFastStore;
+}  // namespace ringreduce::rendezvous
 
 namespace ringreduce::detail {
 
@@ -202,7 +203,7 @@ class CommImpl {
   std::shared_ptr<rendezvous::TcpStoreServer> store_server_;  // rank 0's, shared with splits
   std::shared_ptr<Store> store_;
   // store_ for start-up: its waits end when another rank marks the job failed (join.h).
-  std::shared_ptr<Store> startup_store_;
+  std::shared_ptr<rendezvous::FailFastStore> startup_store_;
   std::function<std::shared_ptr<Store>()> stall_store_;  // a client for the stall monitor
   std::string store_host_;
   int local_size_ = -1;

@@ -164,19 +164,23 @@ void FailFastStore::wait(const std::vector<std::string>& keys, milliseconds time
         throw TimeoutError(missing_keys_message("store", missing, timeout));
       }
     }
-    if (auto failure = job_failure(*inner_)) {
-      // "rank 1: start-up: why" reads here as "rank 1 failed: why".
-      std::string msg = *failure;
-      const size_t at = msg.find(": start-up: ");
-      if (msg.rfind("rank ", 0) == 0 && at != std::string::npos && at < 16)
-        msg = msg.substr(0, at) + " failed: " + msg.substr(at + 12);
-      try {
-        inner_->add(kFailedSeen, 1);  // the failing store host waits for its readers
-      } catch (...) {
-      }
-      throw Error(msg, ErrorCode::aborted);
-    }
+    throw_if_failed();
   }
+}
+
+void FailFastStore::throw_if_failed() {
+  auto failure = job_failure(*inner_);
+  if (!failure) return;
+  // "rank 1: start-up: why" reads here as "rank 1 failed: why".
+  std::string msg = *failure;
+  const size_t at = msg.find(": start-up: ");
+  if (msg.rfind("rank ", 0) == 0 && at != std::string::npos && at < 16)
+    msg = msg.substr(0, at) + " failed: " + msg.substr(at + 12);
+  try {
+    inner_->add(kFailedSeen, 1);  // the failing store host waits for its readers
+  } catch (...) {
+  }
+  throw Error(msg, ErrorCode::aborted);
 }
 
 std::vector<uint8_t> FailFastStore::get(const std::string& key, milliseconds timeout) {

@@ -67,6 +67,9 @@ class FailFastStore : public Store {
   int64_t add(const std::string& key, int64_t delta) override { return inner_->add(key, delta); }
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
   bool check(const std::vector<std::string>& keys) override { return inner_->check(keys); }
+  // Throws the failure (as wait does) if the job is marked failed: for start-up waits that are
+  // not store waits (the links' accepts), between their slices.
+  void throw_if_failed();
 
  private:
   std::shared_ptr<Store> inner_;

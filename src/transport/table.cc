@@ -31,6 +31,7 @@ std::unique_ptr<LinkKind> shm_connect(const ConnectArgs& a, const std::vector<in
   o.local_ranks.push_back(a.rank);
   std::sort(o.local_ranks.begin(), o.local_ranks.end());
   o.listener = a.listeners ? a.listeners->shm.get() : nullptr;
+  o.check_failed = a.check_failed;
   // Each rank's "shm=..." part of what it published.
   for (const std::string& p : a.published) {
     const size_t at = p.find("shm=");
@@ -61,6 +62,7 @@ std::unique_ptr<LinkKind> tcp_connect(const ConnectArgs& a, const std::vector<in
   if (o.congestion == "system") o.congestion.clear();
   o.store_host = a.store_host;
   o.peers = peers;
+  o.check_failed = a.check_failed;
   // Only detected identities say that a loopback address cannot reach a peer: hosts named with
   // RINGREDUCE_HOST_ID may be emulated on one machine, where loopback is the way.
   if (!a.hosts_given && !a.hosts.empty()) {

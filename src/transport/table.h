@@ -5,6 +5,7 @@
 // applies the same table to the same host identities, so both ends of a pair pick the same kind.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -48,6 +49,10 @@ struct ConnectArgs {
   // rank's listeners.
   std::vector<std::string> published;
   const Listeners* listeners = nullptr;
+  // Throws if the job has failed elsewhere (the store's failure mark): the kinds call it between
+  // the slices of their start-up waits (at most every ~100 ms), so that a rank whose peer died
+  // at start-up fails with the cause instead of waiting out the timeout. Empty: not checked.
+  std::function<void()> check_failed;
 };
 
 struct KindEntry {

@@ -108,6 +108,31 @@ TEST(StartUp, ABadSettingOnOneRankFailsTheOthersAtOnce) {
   EXPECT_EQ(out[0].error, "rank 0: start-up: rank 1 failed: RINGREDUCE_NSOCKS=99 is not in 1..16");
 }
 
+// A rank that fails after the join, while making its links (its interface filter matches nothing;
+// not a setting that must agree), fails the others waiting in their links' accepts, over TCP and
+// over shared memory alike, rather than leaving them to the timeout.
+TEST(StartUp, ARankThatFailsMakingItsLinksFailsThePeersWaitingForIt) {
+  for (const std::string shm : {"0", "1"}) {
+    SCOPED_TRACE("RINGREDUCE_SHM=" + shm);
+    auto store = ringreduce::make_memory_store();
+    const std::string p = unique_prefix();
+    const std::map<std::string, std::string> ok = {{"RINGREDUCE_SHM", shm}};
+    // Over shared memory, rank 2 is on a host of its own: TCP links it to the others.
+    std::map<std::string, std::string> bad = {{"RINGREDUCE_SHM", shm},
+                                              {"RINGREDUCE_SOCKET_IFNAME", "=nosuchif0"}};
+    std::map<std::string, std::string> same = ok, other = bad;
+    if (shm == "1") {
+      same["RINGREDUCE_HOST_ID"] = "a";
+      other["RINGREDUCE_HOST_ID"] = "b";
+    }
+    auto out = start(
+        {rank(0, 3, store, p, same), rank(1, 3, store, p, same), rank(2, 3, store, p, other)});
+    expect_all_failed(out, {0, 1, 2}, {"nosuchif0"});
+    EXPECT_EQ(out[0].code, ringreduce::ErrorCode::aborted) << out[0].error;
+    EXPECT_NE(out[0].error.find("rank 2 failed"), std::string::npos) << out[0].error;
+  }
+}
+
 // The failure mark ends any start-up wait in the store, not only the join's.
 TEST(StartUp, FailFastStoreEndsAWaitWhenTheJobIsMarkedFailed) {
   auto store = ringreduce::make_memory_store();

@@ -320,6 +320,14 @@ void ShmKind::connect_peers(const core::Deadline& deadline) {
   int expected = static_cast<int>(local_ranks_.size()) - 1;
   // Accepted connections whose hello has not arrived yet.
   std::vector<core::Fd> waiting;
+  // The job's failure mark, read at most every 100 ms while this rank waits for its peers.
+  auto last_check = core::Clock::now();
+  auto check_failed = [&] {
+    if (!opts_.check_failed || core::Clock::now() - last_check < std::chrono::milliseconds(100))
+      return;
+    last_check = core::Clock::now();
+    opts_.check_failed();
+  };
   // Accepts the connections in the backlog and reads the hellos that have arrived, waiting up
   // to wait_ms for anything to happen.
   auto accept_some = [&](int wait_ms) {
@@ -364,6 +372,7 @@ void ShmKind::connect_peers(const core::Deadline& deadline) {
                                    .c_str()),
                         q);
       accept_some(1);
+      check_failed();
     }
     // Blocking again for the hello (a few bytes and two fds) and for the link's life.
     fcntl(s.get(), F_SETFL, fcntl(s.get(), F_GETFL) & ~O_NONBLOCK);
@@ -385,6 +394,7 @@ void ShmKind::connect_peers(const core::Deadline& deadline) {
           (last_drop.empty() ? "" : " (last connection dropped: " + last_drop + ")"));
     }
     accept_some(deadline.remaining_ms(100));
+    check_failed();
   }
 
   for (int q : local_ranks_) {

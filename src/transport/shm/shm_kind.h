@@ -70,6 +70,8 @@ struct ShmOptions {
   // by rank; the join's table).
   const ShmListener* listener = nullptr;
   std::vector<std::string> published;
+  // transport::ConnectArgs::check_failed.
+  std::function<void()> check_failed;
 };
 
 // An mmap'd region, unmapped on destruction.

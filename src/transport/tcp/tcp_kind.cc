@@ -258,6 +258,8 @@ void TcpKind::connect_mesh(const core::Config& config, Store& store,
     for (auto& p : pending) pfds.push_back({p.fd.get(), POLLIN, 0});
     int n = ::poll(pfds.data(), pfds.size(), std::min(deadline.remaining_ms(), 100));
     if (n < 0 && errno != EINTR) throw Error(std::string("poll failed: ") + strerror(errno));
+    // A peer that failed at start-up never connects: its failure mark says so.
+    if (n == 0 && opts_.check_failed) opts_.check_failed();
     if (pfds[0].revents & POLLIN) {
       for (int i = 0; i < 64; ++i) {
         int fd = accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);

@@ -37,6 +37,8 @@ struct TcpOptions {
   // other_host[q]: rank q runs on another host (a loopback address cannot reach it). Empty:
   // unknown.
   std::vector<bool> other_host;
+  // transport::ConnectArgs::check_failed.
+  std::function<void()> check_failed;
 };
 
 class TcpKind final : public LinkKind {
