@@ -41,8 +41,8 @@ struct ShmHello {
 // What goes over the Unix socket: the hello and, with RINGREDUCE_TOKEN, the connector's proof of
 // it: HMAC(token, "ringreduce shm connector", hello, the acceptor's nonce). The acceptor publishes
 // a fresh nonce in its join record (through the authenticated store) before anyone may connect,
-// so the proof needs no
-// round trip and is good for this communicator and this acceptor only; a rank is accepted once.
+// so the proof needs no round trip and is good for this communicator and this acceptor only; a
+// rank is accepted once.
 // The other direction needs no proof: the connector reaches the acceptor by an abstract socket
 // name that the acceptor bound before it published that nonce, so nobody else can hold it.
 struct ShmHelloMsg {
