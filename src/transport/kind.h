@@ -16,6 +16,7 @@
 #include <string>
 
 #include "core/deadline.h"
+#include "ringreduce/error.h"
 #include "transport/link.h"
 
 namespace ringreduce::transport {
@@ -106,5 +107,20 @@ class LinkKind {
   // One look (no waiting) for a peer's notice giving a deeper cause (Transport::find_cause).
   virtual std::exception_ptr find_cause(int blamed) = 0;
 };
+
+// Calls `check` (ConnectArgs::check_failed: throws if the job was marked failed elsewhere); the
+// failure it throws gains what this rank saw meanwhile, the last start-up connection it dropped
+// (`last_drop`, if any), as the message of a timeout would have named it.
+inline void check_job_failed(const std::function<void()>& check, const std::string& last_drop) {
+  if (!check) return;
+  try {
+    check();
+  } catch (const Error& e) {
+    if (last_drop.empty()) throw;
+    throw Error(
+        std::string(e.what()) + " (this rank meanwhile dropped a connection: " + last_drop + ")",
+        e.code());
+  }
+}
 
 }  // namespace ringreduce::transport

@@ -323,10 +323,9 @@ void ShmKind::connect_peers(const core::Deadline& deadline) {
   // The job's failure mark, read at most every 100 ms while this rank waits for its peers.
   auto last_check = core::Clock::now();
   auto check_failed = [&] {
-    if (!opts_.check_failed || core::Clock::now() - last_check < std::chrono::milliseconds(100))
-      return;
+    if (core::Clock::now() - last_check < std::chrono::milliseconds(100)) return;
     last_check = core::Clock::now();
-    opts_.check_failed();
+    check_job_failed(opts_.check_failed, last_drop);
   };
   // Accepts the connections in the backlog and reads the hellos that have arrived, waiting up
   // to wait_ms for anything to happen.

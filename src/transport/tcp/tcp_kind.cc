@@ -259,7 +259,7 @@ void TcpKind::connect_mesh(const core::Config& config, Store& store,
     int n = ::poll(pfds.data(), pfds.size(), std::min(deadline.remaining_ms(), 100));
     if (n < 0 && errno != EINTR) throw Error(std::string("poll failed: ") + strerror(errno));
     // A peer that failed at start-up never connects: its failure mark says so.
-    if (n == 0 && opts_.check_failed) opts_.check_failed();
+    if (n == 0) check_job_failed(opts_.check_failed, last_drop);
     if (pfds[0].revents & POLLIN) {
       for (int i = 0; i < 64; ++i) {
         int fd = accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
