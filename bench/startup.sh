@@ -31,48 +31,34 @@ ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 csv=$OUT/startup.csv
 echo "lib,n,round,ready_s,first_allreduce_s,last_start_s,wall_s,store_requests,requests_per_rank,check" >"$csv"
 
-run_ringreduce() {
-  local n=$1 round=$2 t0 t1 out line req
+# run_one LIB N ROUND: one launch of LIB (ringreduce or gloo) at N ranks, a CSV row.
+run_one() {
+  local lib=$1 n=$2 round=$3 t0 t1 out line req="" per="" wall
+  local cmd=("$RINGRUN" -n "$n" --store-stats --timeout 300 -- "$PROG")
+  [ "$lib" = gloo ] && cmd=("$RINGRUN" -n "$n" --timeout 300 -- /usr/bin/python3 "$ROOT/bench/torch_startup.py")
   t0=$(date +%s.%N)
-  out=$("$RINGRUN" -n "$n" --store-stats --timeout 300 -- "$PROG" 2>&1)
+  out=$("${cmd[@]}" 2>&1)
   local rc=$?
   t1=$(date +%s.%N)
+  wall=$(echo "$t1 - $t0" | bc)
   line=$(grep -m1 "startup N=" <<<"$out" | sed 's/^\[0\] //')
-  req=$(sed -n 's/.*the store served \([0-9]*\) requests.*/\1/p' <<<"$out" | tail -1)
+  [ "$lib" = ringreduce ] && req=$(sed -n 's/.*the store served \([0-9]*\) requests.*/\1/p' <<<"$out" | tail -1)
   if [ $rc -ne 0 ] || [ -z "$line" ]; then
-    echo "ringreduce N=$n round $round: FAILED (rc $rc)"; echo "$out" | tail -20
-    echo "ringreduce,$n,$round,,,,$(echo "$t1 - $t0" | bc),${req:-},,failed" >>"$csv"
+    echo "$lib N=$n round $round: FAILED (rc $rc)"; echo "$out" | tail -20
+    echo "$lib,$n,$round,,,,$wall,$req,,failed" >>"$csv"
     return
   fi
   read -r ready first last check < <(awk '{for (i=1;i<=NF;i++) {if ($i=="ready") r=$(i+1);
     if ($i=="first_allreduce") f=$(i+1); if ($i=="last_start") l=$(i+1); if ($i=="check") c=$(i+1)}}
     END {print r, f, l, c}' <<<"$line")
-  echo "ringreduce N=$n round $round: $line; store $req requests; wall $(printf %.2f "$(echo "$t1 - $t0" | bc)") s"
-  echo "ringreduce,$n,$round,$ready,$first,$last,$(echo "$t1 - $t0" | bc),$req,$(echo "scale=1; $req / $n" | bc),$check" >>"$csv"
-}
-
-run_gloo() {
-  local n=$1 round=$2 t0 t1 out line
-  t0=$(date +%s.%N)
-  out=$("$RINGRUN" -n "$n" --timeout 300 -- /usr/bin/python3 "$ROOT/bench/torch_startup.py" 2>&1)
-  local rc=$?
-  t1=$(date +%s.%N)
-  line=$(grep -m1 "startup N=" <<<"$out" | sed 's/^\[0\] //')
-  if [ $rc -ne 0 ] || [ -z "$line" ]; then
-    echo "gloo N=$n round $round: FAILED (rc $rc)"; echo "$out" | tail -20
-    echo "gloo,$n,$round,,,,$(echo "$t1 - $t0" | bc),,,failed" >>"$csv"
-    return
-  fi
-  read -r ready first last check < <(awk '{for (i=1;i<=NF;i++) {if ($i=="ready") r=$(i+1);
-    if ($i=="first_allreduce") f=$(i+1); if ($i=="last_start") l=$(i+1); if ($i=="check") c=$(i+1)}}
-    END {print r, f, l, c}' <<<"$line")
-  echo "gloo N=$n round $round: $line; wall $(printf %.2f "$(echo "$t1 - $t0" | bc)") s"
-  echo "gloo,$n,$round,$ready,$first,$last,$(echo "$t1 - $t0" | bc),,,$check" >>"$csv"
+  [ -n "$req" ] && per=$(echo "scale=1; $req / $n" | bc)
+  echo "$lib N=$n round $round: $line;${req:+ store $req requests;} wall $(printf %.2f "$wall") s"
+  echo "$lib,$n,$round,$ready,$first,$last,$wall,$req,$per,$check" >>"$csv"
 }
 
 for round in $(seq 1 "$ROUNDS"); do
-  for n in $NS; do run_ringreduce "$n" "$round"; done
-  if [ "$GLOO" = 1 ]; then for n in $GLOO_NS; do run_gloo "$n" "$round"; done; fi
+  for n in $NS; do run_one ringreduce "$n" "$round"; done
+  if [ "$GLOO" = 1 ]; then for n in $GLOO_NS; do run_one gloo "$n" "$round"; done; fi
 done
 
 # The table: per library and N, the best round's first allreduce (and the spread over rounds).
