@@ -174,6 +174,8 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
   const double stall_s = config_.number("RINGREDUCE_STALL_WARN");
   if (!(stall_s >= 0))
     throw InvalidArgument("RINGREDUCE_STALL_WARN must be >= 0 seconds (0: no stall reports)");
+  if (const std::string c = config_.str("RINGREDUCE_SHM_CONNECT"); c != "first" && c != "mesh")
+    throw InvalidArgument("RINGREDUCE_SHM_CONNECT='" + c + "' is neither first nor mesh");
 
   std::string store_host;
   int local_size = -1;

@@ -44,6 +44,10 @@ const std::vector<SettingInfo>& all_settings() {
        "yields instead and sleeps after 4 fruitless yields per rank sharing its core)"},
       {"RINGREDUCE_SHM", "1",
        "0: ranks on one host talk over TCP loopback instead of shared memory"},
+      {"RINGREDUCE_SHM_CONNECT", "first",
+       "how a host's ranks exchange their shared memory: first (through the host's first "
+       "rank; N - 1 connections) or mesh (every pair; used anyway where ranks are in different "
+       "pid namespaces)"},
       {"RINGREDUCE_HOST_ID", "",
        "names this rank's host for the topology (default: hostname, boot id and network "
        "namespace); ranks with different ids use TCP between them, e.g. to emulate hosts"},

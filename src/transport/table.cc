@@ -75,7 +75,9 @@ std::unique_ptr<LinkKind> tcp_connect(const ConnectArgs& a, const std::vector<in
 }  // namespace
 
 Listeners::Listeners(const core::Config& config, const std::string& token) {
-  if (config.str("RINGREDUCE_SHM") != "0") shm = std::make_unique<shm::ShmListener>(!token.empty());
+  if (config.str("RINGREDUCE_SHM") != "0")
+    shm = std::make_unique<shm::ShmListener>(!token.empty(),
+                                             config.str("RINGREDUCE_SHM_CONNECT") != "mesh");
 }
 
 std::string Listeners::published() const {

@@ -162,5 +162,69 @@ TEST(StartUp, FailFastStoreEndsAWaitWhenTheJobIsMarkedFailed) {
   }
 }
 
+// A host's ranks meet through its first rank (the default) or every pair connecting (the mesh,
+// where pidfds cannot watch the peers): both carry collectives, point-to-point and a token.
+TEST(StartUp, SharedMemoryPeersMeetThroughTheFirstRankOrInAMesh) {
+  for (const std::string how : {"first", "mesh"}) {
+    SCOPED_TRACE("RINGREDUCE_SHM_CONNECT=" + how);
+    run_ranks(
+        5,
+        [](Communicator& comm) {
+          const int n = comm.size(), me = comm.rank();
+          int64_t sum = me;
+          comm.allreduce(&sum, &sum, 1, ringreduce::DataType::i64, ringreduce::ReduceOp::sum);
+          EXPECT_EQ(sum, n * (n - 1) / 2);
+          std::vector<int32_t> in(static_cast<size_t>(n)), out(static_cast<size_t>(n), -1);
+          for (int j = 0; j < n; ++j) in[static_cast<size_t>(j)] = me * n + j;
+          comm.alltoall(in.data(), out.data(), 1, ringreduce::DataType::i32);
+          for (int i = 0; i < n; ++i) EXPECT_EQ(out[static_cast<size_t>(i)], i * n + me);
+          int32_t token = me, got = -1;
+          comm.send(&token, 1, ringreduce::DataType::i32, (me + 1) % n);
+          comm.recv(&got, 1, ringreduce::DataType::i32, (me + n - 1) % n);
+          EXPECT_EQ(got, (me + n - 1) % n);
+        },
+        {{"RINGREDUCE_SHM_CONNECT", how}, {"RINGREDUCE_TOKEN", "t"}}, 30s);
+  }
+}
+
+// A peer whose communicator is destroyed while its process lives on (here a thread) is named at
+// once: through the first rank no socket closes, the flag in its segment says so.
+TEST(StartUp, APeerWhoseCommunicatorIsDestroyedIsNamedAtOnce) {
+  for (const std::string how : {"first", "mesh"}) {
+    SCOPED_TRACE("RINGREDUCE_SHM_CONNECT=" + how);
+    run_ranks(
+        2,
+        [](Communicator& comm) {
+          comm.barrier();
+          if (comm.rank() == 1) return;
+          std::this_thread::sleep_for(100ms);
+          std::vector<float> buf(1 << 16, 1.0f);
+          const auto t0 = Clock::now();
+          try {
+            comm.allreduce(buf.data(), buf.data(), buf.size(), ringreduce::DataType::f32,
+                           ringreduce::ReduceOp::sum, {.timeout = 10s});
+            ADD_FAILURE() << "the allreduce with a departed peer returned";
+          } catch (const ringreduce::PeerError& e) {
+            EXPECT_EQ(e.peer(), 1) << e.what();
+            EXPECT_NE(std::string(e.what()).find("rank 1 is gone"), std::string::npos) << e.what();
+          }
+          EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 2.0);
+        },
+        {{"RINGREDUCE_SHM_CONNECT", how}}, 30s);
+  }
+}
+
+// An unknown way of connecting is this rank's own bad setting, named before any wait.
+TEST(StartUp, AnUnknownShmConnectIsNamed) {
+  try {
+    run_ranks(
+        1, [](Communicator&) {}, {{"RINGREDUCE_SHM_CONNECT", "star"}}, 10s);
+    ADD_FAILURE() << "RINGREDUCE_SHM_CONNECT=star was accepted";
+  } catch (const ringreduce::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("RINGREDUCE_SHM_CONNECT='star'"), std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace rrtest

@@ -1,12 +1,14 @@
 // The shared-memory kind of link: the peers on this host (the transport table routes them here
 // unless RINGREDUCE_SHM=0).
 //
-// Start-up: each rank creates a memfd segment for the FIFOs its peers write into (shm_layout.h)
-// and an eventfd doorbell, listens on an abstract Unix socket of a random name (ShmListener,
-// published in its join record), and exchanges both fds with every peer (SCM_RIGHTS). Nothing is
-// named in /dev/shm and the abstract names vanish with their sockets, so a crash leaves nothing
-// behind. The sockets stay open for the communicator's life: a peer's socket closing is how its
-// death is seen.
+// Start-up (shm_connect.cc): each rank creates a memfd segment for the FIFOs its peers write into
+// (shm_layout.h) and an eventfd doorbell, listens on an abstract Unix socket of a random name
+// (ShmListener, published in its join record), and sends both fds (SCM_RIGHTS) to the host's
+// first rank, which hands each rank everyone else's; or, where pidfds cannot watch the peers,
+// every pair exchanges them. Nothing is named in /dev/shm and the abstract names vanish with their
+// sockets, so a crash leaves nothing behind. A peer's death is seen through a pidfd of its process
+// (or its socket closing, in the mesh), the end of its communicator through a flag in its
+// segment.
 //
 // Progress: the engine (engine.h) polls the links, then sleeps in epoll_wait on, among others,
 // this kind's epoll fd, which holds the doorbell and the peers' sockets. A rank that makes
@@ -41,8 +43,11 @@ namespace ringreduce::transport::shm {
 // connector that holds the name reaches this rank and nobody else.
 class ShmListener {
  public:
-  explicit ShmListener(bool with_token);
-  // "<name>|<nonce>": 16 hex digits, then the nonce in hex or "-" without a token.
+  // through_first: offer to exchange segments through the host's first rank (RINGREDUCE_SHM_CONNECT
+  // is not "mesh"); it happens when every rank of the host offers it from one pid namespace.
+  ShmListener(bool with_token, bool through_first);
+  // "<name>|<nonce>|<pidns>": 16 hex digits, then the nonce in hex or "-" without a token, then
+  // this process's pid namespace where pidfds work and the offer stands, else "-".
   std::string published() const;
   int fd() const { return fd_.get(); }
   const core::auth::Nonce& nonce() const { return nonce_; }
@@ -52,6 +57,7 @@ class ShmListener {
   uint64_t name_ = 0;
   core::auth::Nonce nonce_{};
   bool token_ = false;
+  std::string pidns_;
 };
 
 struct ShmOptions {
@@ -140,7 +146,10 @@ class ShmKind final : public LinkKind {
   bool stream_output() const { return stream_output_; }
   // Called by links that published or released a slot: the peer is woken at the end of the pass
   // if it sleeps.
-  void ring(int peer) { ring_[static_cast<size_t>(peer)] = 1; }
+  void ring(int peer) {
+    uint8_t& r = ring_[static_cast<size_t>(peer)];
+    if (!r) r = 1, ringing_.push_back(peer);
+  }
 
  private:
   class ShmWindow final : public Window {
@@ -161,12 +170,25 @@ class ShmKind final : public LinkKind {
     uint64_t floor_ = 0;  // every peer is known to have reached this op
   };
 
+  static constexpr uint64_t kDoorbellEvent = ~0ull;  // epoll data of the doorbell; else a rank
+
   void connect_peers(const core::Deadline& deadline);
   // One accepted start-up connection: false while its hello has not arrived; else true, with its
   // hello and segment checked and the peer taken (*expected counted down, `s` moved into it), or
   // the connection dropped and logged (*last_drop says why).
   bool accept_peer(core::Fd& s, const core::auth::Nonce& nonce, int* expected,
                    std::string* last_drop);
+  // Maps q's segment from `fd` into *out if its header matches this communicator; else *why.
+  bool map_segment(int q, core::Fd& fd, Mapping* out, std::string* why) const;
+  // The host's first rank, once every rank has connected: each one's peers' segments, doorbells
+  // and pids. The others: receiving them over `sock`, their connection to it.
+  void hand_out(const core::Deadline& deadline, const std::function<void()>& check_failed);
+  void receive_from_first(core::Fd sock, const core::Deadline& deadline,
+                          const std::function<void()>& check_failed);
+  // The links over the mapped segments, and the peers' liveness in the epoll set.
+  void make_links();
+  // Marks every link to q as gone (its process or communicator ended).
+  void peer_gone(int q);
   bool progress_all(bool stage = false);
   void flush_rings();
   // A peer that has begun this op's sequence number with another call: MismatchError.
@@ -192,14 +214,25 @@ class ShmKind final : public LinkKind {
     core::Fd doorbell;
     core::Fd out_sock;  // we connected: keeps the peer's view of us alive
     core::Fd in_sock;   // it connected: closes when it goes
+    core::Fd memfd;     // the host's first rank, until it has handed the segment out
+    core::Fd pidfd;     // readable once its process has exited (through the first rank)
+    int pid = 0;
+    bool gone = false;
   };
   std::vector<Peer> peers_;  // by rank; empty for self
   std::vector<std::unique_ptr<ShmLink>> links_;
-  std::vector<ShmLink*> active_;  // every link, for the progress loop
+  std::vector<ShmLink*> active_;  // every link
+  std::vector<ShmLink*> chans_;   // the collectives' links, each looked at on every pass
+  std::vector<ShmLink*> lanes_;   // the lanes, looked at when SegmentHeader::lane_posts moves
+  uint64_t lane_posts_seen_ = 0;
+  bool lanes_moved_ = false;      // a lane moved in the last pass: look again
+  uint64_t notices_seen_ = 0;     // SegmentHeader::notices when no notice was found
+  int gone_count_ = 0;            // peers whose process or communicator has ended
   std::vector<int> local_ranks_;  // the ranks on this host (this one too)
   std::vector<int> local_index_;  // by rank: its index in local_ranks_, or -1
   size_t fifo_count_ = 0;         // in every local rank's segment
-  std::vector<uint8_t> ring_;
+  std::vector<uint8_t> ring_;     // by rank: owed a wake-up at the end of this pass
+  std::vector<int> ringing_;      // the ranks marked in ring_
   OpTag tag_;
   uint64_t fingerprint_ = 0;
   bool stream_output_ = false;
@@ -207,6 +240,9 @@ class ShmKind final : public LinkKind {
   ShmWindow window_{this};
   std::function<std::string(const OpTag&)> describe_;
   bool aborted_ = false;
+  // Segments came through the host's first rank (else every pair connected).
+  bool through_first_ = false;
+  uint64_t closed_seen_ = 0;  // SegmentHeader::peers_closed when last looked at
   // The sleep/wake handshake (flush_rings, sleep) is Dekker's: a waker stores its data and then
   // loads the peer's sleep flag, a sleeper stores its flag and then loads the data. Either both
   // sides fence, or (when every rank could register for it) the sleeper alone issues

@@ -25,7 +25,7 @@
 namespace ringreduce::transport::shm {
 
 inline constexpr uint64_t kSegmentMagic = 0x314d485352525252ull;  // "RRRRSHM1"
-inline constexpr uint32_t kShmVersion = 1;
+inline constexpr uint32_t kShmVersion = 2;
 // A few cache-sized slots: the fused ring keeps its staging in cache (the prototypes:
 // 256-512 KiB slots reached 85-90% of the memory-bandwidth floor; a full-size staging copy costs
 // 3x). 4 x 256 KiB per FIFO measured best at N=2, 4 and 8 (tuner.cc); 16 slots were up to 2x
@@ -58,6 +58,18 @@ struct alignas(64) SegmentHeader {
   alignas(64) std::atomic<uint64_t> op_version;
   std::atomic<uint64_t> op_seq;
   std::atomic<uint64_t> op_tag[sizeof(OpTag) / 8];
+  // Set by the owner when its communicator is destroyed: its process may live on (another
+  // communicator, or ranks that are threads), so no pidfd or socket says so. peers_closed counts
+  // the peers that have set theirs, each adding one here: a woken owner reads their flags only
+  // when the count has moved.
+  alignas(64) std::atomic<uint32_t> closed;
+  std::atomic<uint64_t> peers_closed;
+  // Bumped by a peer after it publishes into one of this segment's lane FIFOs, and after it posts
+  // an abort notice beside any of its FIFOs: the owner's passes read the lanes (whose header
+  // receives are always posted) and the notices only when these have moved, instead of every
+  // peer's on every pass (at 256 ranks those reads were a quarter of the CPU).
+  alignas(64) std::atomic<uint64_t> lane_posts;
+  alignas(64) std::atomic<uint64_t> notices;
 };
 static_assert(sizeof(OpTag) % 8 == 0, "the op line copies the tag in words");
 

@@ -9,8 +9,8 @@
 
 namespace ringreduce::transport::shm {
 
-ShmLink::ShmLink(ShmKind* owner, int peer, Fifo in, Fifo out, bool lane)
-    : owner_(owner), peer_(peer), lane_(lane), in_(in), out_(out) {}
+ShmLink::ShmLink(ShmKind* owner, int peer, Fifo in, Fifo out, SegmentHeader* out_header, bool lane)
+    : owner_(owner), peer_(peer), lane_(lane), out_header_(out_header), in_(in), out_(out) {}
 
 const OpTag& ShmLink::tag() const {
   return lane_ ? lane_tag_ : owner_->tag();
@@ -66,6 +66,7 @@ void ShmLink::commit_out(const OpTag& tag, size_t message_bytes, bool first, siz
   // The slot's payload and meta are written before head moves: the owner reads them after an
   // acquire load of head.
   out_.control()->head.store(++out_head_, std::memory_order_release);
+  if (lane_) out_header_->lane_posts.fetch_add(1, std::memory_order_release);
   owner_->ring(peer_);
 }
 
@@ -80,7 +81,7 @@ void ShmLink::publish(const OpTag& tag, size_t message_bytes, bool first, const 
 
 ShmLink::SendOp* ShmLink::push_send(const char* src, size_t bytes, size_t ready, Completion* c) {
   if (failed_) throw Error("send on a failed link to rank " + std::to_string(peer_));
-  if (peer_gone_) peer_failed("exited (its shared-memory connection closed)");
+  if (peer_gone_) peer_failed("is gone (its process exited or its communicator was destroyed)");
   ++c->outstanding;
   sends_.push_back({src, bytes, 0, ready, c, tag()});
   return &sends_.back();
@@ -161,7 +162,7 @@ void ShmLink::check_gone() {
   // Whatever it published before it went is still readable (we hold the mapping): only fail
   // when that is used up.
   if (!recvs_.empty() && in_has_data()) return;
-  peer_failed("exited (its shared-memory connection closed)");
+  peer_failed("is gone (its process exited or its communicator was destroyed)");
 }
 
 bool ShmLink::can_forward_now(const SendOp* f) {
@@ -318,6 +319,7 @@ void ShmLink::fail(int code, int blamed_rank, const std::string& reason) {
     ctl->abort_code = code;
     ctl->abort_blamed = blamed_rank;
     ctl->abort_state.store(1, std::memory_order_release);
+    out_header_->notices.fetch_add(1, std::memory_order_release);
   }
   owner_->ring(peer_);
 }

@@ -16,8 +16,10 @@ class ShmKind;
 class ShmLink final : public Link {
  public:
   // lane: a point-to-point lane (LinkKind::lane): its messages carry lane_tag(), and its peer's
-  // exit is left to its owner instead of failing its standing receive.
-  ShmLink(ShmKind* owner, int peer, Fifo in, Fifo out, bool lane = false);
+  // exit is left to its owner instead of failing its standing receive. out_header: the header of
+  // the segment `out` lies in (SegmentHeader::lane_posts, notices).
+  ShmLink(ShmKind* owner, int peer, Fifo in, Fifo out, SegmentHeader* out_header,
+          bool lane = false);
   int peer() const override { return peer_; }
   bool lane() const { return lane_; }
   bool closed() const override { return peer_gone_; }
@@ -116,6 +118,7 @@ class ShmLink final : public Link {
   ShmKind* owner_;
   int peer_;
   bool lane_;
+  SegmentHeader* out_header_;
   OpTag lane_tag_ = lane_tag();
   Fifo in_;                // peer -> us, in our segment
   Fifo out_;               // us -> peer, in the peer's segment
