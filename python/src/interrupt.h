@@ -4,7 +4,8 @@
 // during a blocking call aborts that call's communicator (its peers learn "rank r aborted:
 // ... interrupted"), the call returns, and the interrupt is raised in Python as usual. If the
 // program installs another SIGINT handler later (signal.signal), it replaces this one and the
-// calls are no longer interruptible.
+// calls are no longer interruptible. The torch backend's module compiles this file too: its
+// Works' waits and its calls run the same way, under a hook of its own chained to this one.
 #pragma once
 
 #include <atomic>
@@ -26,6 +27,8 @@ class Interruptible {
   // With the GIL held, after the call failed: if a SIGINT aborted it, runs Python's signal
   // handlers (KeyboardInterrupt by default) and throws that as py::error_already_set.
   void rethrow_if_interrupted();
+  // Whether a SIGINT aborted the call (the torch backend raises it in torch's own way).
+  bool interrupted() const { return interrupted_.load(); }
 
  private:
   Communicator& comm_;

@@ -167,6 +167,8 @@ PYBIND11_MODULE(_torch_backend, m) {
   using ringreduce::torch_backend::RingreduceGroup;
   m.doc() = "The torch.distributed backend 'ringreduce' (import ringreduce.torch to register it)";
   m.attr("TORCH_MAJOR") = TORCH_VERSION_MAJOR;
+  // Ctrl-C in a collective or a Work's wait (interrupt.h).
+  ringreduce::python::install_interrupt_hook();
   m.def(
       "create",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,

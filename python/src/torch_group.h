@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "interrupt.h"
 #include "ringreduce/ringreduce.hpp"
 #include "torch_tensors.h"
 #include "torch_work.h"
@@ -84,6 +85,8 @@ class RingreduceGroup : public Base {
       // microseconds); what overlap could hide is as small. The Work is complete on return.
       std::exception_ptr error;
       try {
+        // Ctrl-C aborts it; Python raises KeyboardInterrupt as soon as it runs again.
+        python::Interruptible interruptible(*comm_);
         comm_->allreduce(t.data_ptr(), t.data_ptr(), e.count, e.dtype, r.op, call);
       } catch (...) {
         error = std::current_exception();
@@ -466,7 +469,8 @@ class RingreduceGroup : public Base {
 
   c10::intrusive_ptr<WorkRR> work(c10d::OpType type, std::vector<at::Tensor> outputs,
                                   std::function<void()> after = nullptr) {
-    return c10::make_intrusive<WorkRR>(rank_, type, std::move(outputs), std::move(after));
+    return c10::make_intrusive<WorkRR>(rank_, type, std::move(outputs), std::move(after),
+                                       comm_.get());
   }
   c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, std::vector<at::Tensor> outputs,
                                         std::vector<rr::Work> ops,

@@ -1,16 +1,22 @@
 #include "torch_work.h"
 
 #include <c10/util/Exception.h>
+#include <torch/csrc/Exceptions.h>
+
+#include <optional>
+
+#include "interrupt.h"
 
 namespace ringreduce::torch_backend {
 
 thread_local bool t_completing = false;
 
 WorkRR::WorkRR(int rank, c10d::OpType type, std::vector<at::Tensor> outputs,
-               std::function<void()> after)
+               std::function<void()> after, rr::Communicator* comm)
     : Work(rank, type),
       outputs_(std::move(outputs)),
       after_(std::move(after)),
+      comm_(comm),
       future_(
           c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
 }
@@ -61,6 +67,10 @@ bool WorkRR::wait(std::chrono::milliseconds timeout) {
   TORCH_CHECK(!t_completing || isCompleted(), "ringreduce: rank ", rank_, ": ",
               c10d::opTypeToString(opType_),
               ": wait() inside a Future callback would wait for itself; chain with then()");
+  // Ctrl-C while this waits (torch releases the GIL for it): the communicator is aborted, its
+  // peers learn why, and the wait ends below.
+  std::optional<python::Interruptible> interruptible;
+  if (comm_ && !isCompleted()) interruptible.emplace(*comm_);
   // Drive the ops in this thread if nobody else is (saves waking the progress thread); their
   // errors, if any, arrive through complete().
   for (auto& op : ops_) {
@@ -78,6 +88,21 @@ bool WorkRR::wait(std::chrono::milliseconds timeout) {
   } else if (!cv_.wait_for(lk, timeout, [&] { return completed_; })) {
     TORCH_CHECK(false, "ringreduce: rank ", rank_, ": ", c10d::opTypeToString(opType_),
                 ": wait timed out after ", timeout.count(), " ms");
+  }
+  if (interruptible && interruptible->interrupted()) {
+    // Python's handlers run now (KeyboardInterrupt by default) and their exception goes up as
+    // torch's python_error, which torch's bindings restore as it is: the caller gets
+    // KeyboardInterrupt, not a RuntimeError about an aborted call.
+    ::python_error raised;
+    bool any = false;
+    {
+      pybind11::gil_scoped_acquire gil;
+      if (PyErr_CheckSignals() != 0) {
+        raised.persist();
+        any = true;
+      }
+    }
+    if (any) throw std::move(raised);
   }
   if (exception_) std::rethrow_exception(exception_);
   return true;

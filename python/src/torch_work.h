@@ -58,7 +58,9 @@ extern thread_local bool t_completing;
 // results out of staging buffers).
 class WorkRR : public c10d::Work {
  public:
-  WorkRR(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, std::function<void()> after);
+  // comm: what a SIGINT during wait() aborts (interrupt.h); it outlives every Work not completed.
+  WorkRR(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, std::function<void()> after,
+         rr::Communicator* comm);
 
   // Starts watching the ops; `keep` holds tensors (staging buffers) they use until they complete.
   static c10::intrusive_ptr<c10d::Work> launch(c10::intrusive_ptr<WorkRR> self,
@@ -85,6 +87,7 @@ class WorkRR : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   std::vector<at::Tensor> keep_;
   std::function<void()> after_;
+  rr::Communicator* comm_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 

@@ -44,6 +44,22 @@ def test_ctrl_c_in_a_blocking_call_raises_keyboard_interrupt_and_aborts_the_peer
     assert r1 and "rank 0" in r1[0] and "interrupted" in r1[0], f"rank 1: {lines.get(1)}"
 
 
+@pytest.mark.parametrize("elements", [65536, 16])
+def test_ctrl_c_in_a_torch_collective_raises_keyboard_interrupt_and_aborts_the_peers(elements):
+    # 65536 floats wait in the Work's wait(); 16 run inline, in the call itself.
+    pytest.importorskip("torch")
+    if not have_module("_torch_backend"):
+        pytest.skip("the torch backend was not built")
+    _, lines, out = launch(2, "errors.py", "torch_sigint", str(elements), timeout=90)
+    got = [l for l in lines.get(0, []) if l.startswith("INTERRUPTED ")]
+    assert got, f"rank 0 did not raise KeyboardInterrupt:\n{out[-3000:]}"
+    assert float(got[0].split()[1]) < 1.0, got[0]
+    r1 = [l for l in lines.get(1, []) if l.startswith("RAISED ")]
+    assert r1 and "rank 0" in r1[0] and "interrupted" in r1[0], f"rank 1: {lines.get(1)}"
+    # The large allreduce itself fails on rank 1 (and the barrier after it).
+    assert len(r1) == 2 or (elements == 16 and len(r1) == 1), r1
+
+
 def test_dead_peer_raises_peer_error_naming_it():
     _, lines, _ = launch(N, "errors.py", "dead_peer")
     got = raised({r: ls for r, ls in lines.items() if r != 1})

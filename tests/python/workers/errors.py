@@ -8,6 +8,8 @@ the error it got (or "NO ERROR"), and the test checks every rank's line.
   torch_p2p_size  rank 0 sends rank 1 100 floats where rank 1 receives 200 (then all barrier)
   sigint          rank 0 gets SIGINT while its allreduce waits for rank 1, which comes 2 s late:
                   rank 0 prints "INTERRUPTED <seconds from the signal>", the others their error
+  torch_sigint    the same through torch.distributed (argv[2]: elements; 65536 waits in a Work's
+                  wait(), 16 runs inline in the call)
 """
 
 import os
@@ -40,7 +42,33 @@ if case.startswith("torch"):
     # Every rank past init_process_group's store barrier before rank 0 (the store's host) can
     # fail and exit.
     dist.barrier()
-    if case == "torch_mismatch":
+    if case == "torch_sigint":
+        import signal
+        import threading
+        import time
+
+        n = int(sys.argv[2])
+        if R == 0:
+            sent = []
+
+            def interrupt():
+                time.sleep(0.5)
+                sent.append(time.monotonic())
+                os.kill(os.getpid(), signal.SIGINT)
+
+            threading.Thread(target=interrupt, daemon=True).start()
+            try:
+                dist.all_reduce(torch.zeros(n))
+                print("NO ERROR", flush=True)
+            except KeyboardInterrupt:
+                print(f"INTERRUPTED {time.monotonic() - sent[0]:.3f}", flush=True)
+        else:
+            time.sleep(2)
+            # A small allreduce may complete: rank 0 had contributed when it was interrupted
+            # (the flat algorithm reads its part in place). The barrier after it cannot.
+            report(lambda: dist.all_reduce(torch.zeros(n)))
+            report(lambda: dist.barrier())
+    elif case == "torch_mismatch":
         report(lambda: dist.all_reduce(torch.zeros(100 + (R == 1))))
     elif case == "torch_p2p_size":
 
