@@ -254,6 +254,8 @@ ShmKind::ShmKind(const ShmOptions& opts, const core::Deadline& deadline) : opts_
   h->membarrier_ok =
       syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, 0, 0) == 0 ? 1 : 0;
   mine_window_ = static_cast<char*>(p) + window_offset(nfifos);
+  if (local_ranks_[0] == opts_.rank)
+    board_ = reinterpret_cast<BoardLine*>(static_cast<char*>(p) + board_offset(nfifos));
 
   doorbell_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   epoll_.reset(epoll_create1(EPOLL_CLOEXEC));
@@ -609,6 +611,11 @@ void ShmKind::make_links() {
       links_[static_cast<size_t>(q) * stride() + static_cast<size_t>(ch)] = std::move(l);
     }
   }
+  // The board lies in the first local rank's segment (the constructor set it there if it is ours).
+  if (!board_)
+    board_ = reinterpret_cast<BoardLine*>(
+        static_cast<char*>(peers_[static_cast<size_t>(local_ranks_[0])].segment.get()) +
+        board_offset(fifo_count_));
   asymmetric_fence_ = mine_.header()->membarrier_ok != 0;
   for (int q : local_ranks_)
     if (q != rank && peers_[static_cast<size_t>(q)].segment.header()->membarrier_ok == 0)

@@ -174,7 +174,7 @@ void ShmKind::flush_rings() {
   for (int q : ringing_) {
     ring_[static_cast<size_t>(q)] = 0;
     Peer& p = peers_[static_cast<size_t>(q)];
-    if (p.segment.get() && p.segment.header()->sleeping.load(std::memory_order_relaxed)) {
+    if (p.segment.get() && board(q).sleeping.load(std::memory_order_relaxed)) {
       uint64_t one = 1;
       ssize_t ignored = ::write(p.doorbell.get(), &one, sizeof one);
       (void)ignored;
@@ -184,8 +184,7 @@ void ShmKind::flush_rings() {
 }
 
 int ShmKind::prepare_sleep() {
-  SegmentHeader* h = mine_.header();
-  h->sleeping.store(1, std::memory_order_relaxed);
+  board(opts_.rank).sleeping.store(1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   // Every peer's store before this point is visible now, and every later one is followed by a
   // load that sees our flag (see asymmetric_fence_). Should membarrier ever fail, a store could
@@ -196,7 +195,7 @@ int ShmKind::prepare_sleep() {
 }
 
 void ShmKind::end_sleep() {
-  mine_.header()->sleeping.store(0, std::memory_order_relaxed);
+  board(opts_.rank).sleeping.store(0, std::memory_order_relaxed);
 }
 
 void ShmKind::peer_gone(int q) {

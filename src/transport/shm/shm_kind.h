@@ -231,8 +231,13 @@ class ShmKind final : public LinkKind {
   std::vector<int> local_ranks_;  // the ranks on this host (this one too)
   std::vector<int> local_index_;  // by rank: its index in local_ranks_, or -1
   size_t fifo_count_ = 0;         // in every local rank's segment
-  std::vector<uint8_t> ring_;     // by rank: owed a wake-up at the end of this pass
-  std::vector<int> ringing_;      // the ranks marked in ring_
+  // The board (shm_layout.h) in the first local rank's segment, by local index; set once linked.
+  BoardLine* board_ = nullptr;
+  BoardLine& board(int rank) {
+    return board_[static_cast<size_t>(local_index_[static_cast<size_t>(rank)])];
+  }
+  std::vector<uint8_t> ring_;  // by rank: owed a wake-up at the end of this pass
+  std::vector<int> ringing_;   // the ranks marked in ring_
   OpTag tag_;
   uint64_t fingerprint_ = 0;
   bool stream_output_ = false;

@@ -8,6 +8,7 @@
 //     SlotMeta[kSlots]                 one cache line per slot: tag, sizes
 //     data[kSlots][kSlotBytes]
 //   window[kWindowBytes]               the owner's region of the shared Window (link.h)
+//   BoardLine[local ranks]             used in the host's first rank's segment only (below)
 //
 // A FIFO is single-producer (the sender) single-consumer (the owner). head counts slots the
 // sender has published, tail the slots the owner has released; the sender may write slot
@@ -49,9 +50,6 @@ struct alignas(64) SegmentHeader {
   // 1 if the owner registered for membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) (see
   // ShmTransport::flush_rings): only when every rank did may wakers skip their fence.
   uint32_t membarrier_ok;
-  // Set by the owner while it is about to sleep in epoll_wait on its doorbell eventfd; a peer
-  // that makes progress possible for the owner writes the eventfd only then.
-  alignas(64) std::atomic<uint32_t> sleeping;
   // The op the owner has begun, for peers that check whether it is in the same call (and the
   // window's "has every peer reached op s"). A seqlock: version is odd while tag is rewritten;
   // seq is stored last, with release, so a peer that sees it also sees the tag.
@@ -117,8 +115,24 @@ inline Fifo fifo_at(void* segment, size_t index) {
 inline size_t window_offset(size_t fifo_count) {
   return kHeaderBytes + fifo_count * kFifoStride;
 }
-inline size_t segment_bytes(size_t fifo_count) {
+// The board: one cache line per rank of the host, in its first rank's segment, which every rank
+// maps. A rank's sleep flag lives there rather than in its own segment, so a rank that wakes its
+// peers (the window's notify rings every one) reads lines of one mapping, a few pages, not a line
+// in each of N - 1 mappings: at 256 ranks on this project's VM those loads, each from another
+// mapping, were 98% of the wake-up pass (docs/PERFORMANCE.md).
+struct alignas(64) BoardLine {
+  // Set by its rank while it is about to sleep in epoll_wait on its doorbell eventfd; a peer
+  // that makes progress possible for it writes the eventfd only then.
+  std::atomic<uint32_t> sleeping;
+};
+static_assert(sizeof(BoardLine) == 64);
+
+inline size_t board_offset(size_t fifo_count) {
   return window_offset(fifo_count) + kWindowBytes;
+}
+// Sized by FIFOs (at least one per local rank), so that the layout needs no other count.
+inline size_t segment_bytes(size_t fifo_count) {
+  return board_offset(fifo_count) + round_up(fifo_count * sizeof(BoardLine), kPage);
 }
 
 }  // namespace ringreduce::transport::shm
