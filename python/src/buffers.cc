@@ -14,45 +14,71 @@ namespace ringreduce::python {
 
 namespace {
 
+// The DataType of an element kind ('f' float, 'i' signed, 'u' unsigned, 'b' boolean: the
+// __cuda_array_interface__'s letters) and width.
+std::optional<rr::DataType> dtype_of_kind(char kind, size_t itemsize) {
+  switch (kind) {
+    case 'f':
+      if (itemsize == 2) return rr::DataType::f16;
+      if (itemsize == 4) return rr::DataType::f32;
+      if (itemsize == 8) return rr::DataType::f64;
+      break;
+    case 'i':
+      if (itemsize == 1) return rr::DataType::i8;
+      if (itemsize == 2) return rr::DataType::i16;
+      if (itemsize == 4) return rr::DataType::i32;
+      if (itemsize == 8) return rr::DataType::i64;
+      break;
+    case 'u':
+      if (itemsize == 1) return rr::DataType::u8;
+      if (itemsize == 4) return rr::DataType::u32;
+      if (itemsize == 8) return rr::DataType::u64;
+      break;
+    case 'b':
+      if (itemsize == 1) return rr::DataType::boolean;
+      break;
+    default:
+      break;
+  }
+  return std::nullopt;
+}
+
 // The DataType of a buffer protocol format: kind from the format character, width from itemsize
 // (the same letter means different widths on different platforms).
 std::optional<rr::DataType> dtype_of_format(const std::string& format, py::ssize_t itemsize) {
-  if (format.empty()) return std::nullopt;
-  char c = format.back();  // skips a byte-order prefix ('<', '=', '@')
+  if (format.empty() || itemsize <= 0) return std::nullopt;
+  // Skips a byte-order prefix ('<', '=', '@'); big-endian ('>', '!') or compound formats are not
+  // taken.
   if (format.size() > 1 && format.front() != '<' && format.front() != '=' && format.front() != '@')
-    return std::nullopt;  // big-endian ('>', '!') or a compound format
-  switch (c) {
+    return std::nullopt;
+  char kind = 0;
+  switch (format.back()) {
     case 'e':
-      return rr::DataType::f16;
     case 'f':
-      return rr::DataType::f32;
     case 'd':
-      return rr::DataType::f64;
+      kind = 'f';
+      break;
     case '?':
-      if (itemsize == 1) return rr::DataType::boolean;
-      return std::nullopt;
+      kind = 'b';
+      break;
     case 'b':
     case 'h':
     case 'i':
     case 'l':
     case 'q':
-      if (itemsize == 1) return rr::DataType::i8;
-      if (itemsize == 2) return rr::DataType::i16;
-      if (itemsize == 4) return rr::DataType::i32;
-      if (itemsize == 8) return rr::DataType::i64;
-      return std::nullopt;
+      kind = 'i';
+      break;
     case 'B':
     case 'H':
     case 'I':
     case 'L':
     case 'Q':
-      if (itemsize == 1) return rr::DataType::u8;
-      if (itemsize == 4) return rr::DataType::u32;
-      if (itemsize == 8) return rr::DataType::u64;
-      return std::nullopt;
+      kind = 'u';
+      break;
     default:
       return std::nullopt;
   }
+  return dtype_of_kind(kind, static_cast<size_t>(itemsize));
 }
 
 // A CUDA array (CuPy, Numba; the __cuda_array_interface__ protocol, version 2 and 3): its device
@@ -76,30 +102,7 @@ void from_cuda_array_interface(const rr::Communicator* comm, const char* call, c
   if (typestr.size() < 3 || (typestr[0] != '<' && typestr[0] != '|' && typestr[0] != '='))
     bad_argument(comm, call, who + ": typestr '" + typestr + "' is not little-endian");
   itemsize = static_cast<size_t>(std::stoul(typestr.substr(2)));
-  const char kind = typestr[1];
-  switch (kind) {
-    case 'f':
-      if (itemsize == 2) t = rr::DataType::f16;
-      if (itemsize == 4) t = rr::DataType::f32;
-      if (itemsize == 8) t = rr::DataType::f64;
-      break;
-    case 'i':
-      if (itemsize == 1) t = rr::DataType::i8;
-      if (itemsize == 2) t = rr::DataType::i16;
-      if (itemsize == 4) t = rr::DataType::i32;
-      if (itemsize == 8) t = rr::DataType::i64;
-      break;
-    case 'u':
-      if (itemsize == 1) t = rr::DataType::u8;
-      if (itemsize == 4) t = rr::DataType::u32;
-      if (itemsize == 8) t = rr::DataType::u64;
-      break;
-    case 'b':
-      if (itemsize == 1) t = rr::DataType::boolean;
-      break;
-    default:
-      break;
-  }
+  t = dtype_of_kind(typestr[1], itemsize);
   size_t count = 1;
   std::vector<size_t> shape;
   for (const auto& dim : d["shape"].cast<py::tuple>()) {

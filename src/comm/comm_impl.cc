@@ -233,10 +233,12 @@ void CommImpl::number(OpState& op) {
 }
 
 void CommImpl::call(const algorithms::Args& args, const CallOptions& call) {
-  if (DeviceStage::wanted(args, call)) {
+  // Asked once per call: in a process that uses CUDA it asks the driver about each buffer.
+  const bool device = DeviceStage::wanted(args, call);
+  if (device) {
     // Device memory: staged and ordered on the stream like an async call; blocking means recv
     // holds the result on return, so the caller waits for the op and then for the stream.
-    auto op = submit(args, call, /*async=*/false);
+    auto op = submit(args, call, /*async=*/false, true);
     wait(*op, std::nullopt);
     if (op->stage) op->stage->wait_output();
     return;
@@ -248,7 +250,7 @@ void CommImpl::call(const algorithms::Args& args, const CallOptions& call) {
     if (driving_ || !queue_.empty()) {
       // Earlier async ops are queued or running: this one takes its turn after them.
       lk.unlock();
-      auto queued = submit(args, call, /*async=*/false);
+      auto queued = submit(args, call, /*async=*/false, false);
       wait(*queued, std::nullopt);
       return;
     }
@@ -265,7 +267,7 @@ void CommImpl::call(const algorithms::Args& args, const CallOptions& call) {
 }
 
 std::shared_ptr<OpState> CommImpl::submit(const algorithms::Args& args, const CallOptions& call,
-                                          bool async) {
+                                          bool async, std::optional<bool> device) {
   auto op = std::make_shared<OpState>();
   prepare(*op, args, call, async);
   std::unique_lock<std::mutex> lk(mu_);
@@ -283,7 +285,7 @@ std::shared_ptr<OpState> CommImpl::submit(const algorithms::Args& args, const Ca
     op->fired = true;
     return op;
   }
-  if (DeviceStage::wanted(args, call)) {
+  if (device ? *device : DeviceStage::wanted(args, call)) {
     try {
       stage_device(*op, call);
     } catch (...) {

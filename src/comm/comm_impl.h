@@ -106,8 +106,10 @@ class CommImpl {
     return next_seq_ - 1;
   }
 
-  std::shared_ptr<OpState> submit(const algorithms::Args& args, const CallOptions& call,
-                                  bool async);
+  // device: whether the call is on device memory, when the caller has asked already
+  // (DeviceStage::wanted asks the CUDA driver about each buffer).
+  std::shared_ptr<OpState> submit(const algorithms::Args& args, const CallOptions& call, bool async,
+                                  std::optional<bool> device = std::nullopt);
   // A blocking call: runs in the calling thread, from an OpState on its stack, unless other ops
   // are queued or running (then it waits its turn like submit() + wait()). The path every
   // training step's small allreduces take, so it allocates nothing and builds no strings.

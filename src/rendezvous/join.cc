@@ -184,8 +184,17 @@ void FailFastStore::throw_if_failed() {
 }
 
 std::vector<uint8_t> FailFastStore::get(const std::string& key, milliseconds timeout) {
-  wait({key}, timeout);
-  return inner_->get(key, kPresent);
+  // One request when the key is there (a wait and then a get were two), slices as in wait().
+  const core::Deadline deadline = store_deadline(timeout);
+  for (;;) {
+    const milliseconds left(deadline.remaining_ms());
+    try {
+      return inner_->get(key, std::min(left, slice_));
+    } catch (const TimeoutError&) {
+      if (deadline.expired()) throw TimeoutError(missing_keys_message("store", {key}, timeout));
+    }
+    throw_if_failed();
+  }
 }
 
 JobTable join(Store& store, const JoinRecord& mine, uint64_t comm_id, milliseconds timeout) {

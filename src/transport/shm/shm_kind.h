@@ -13,8 +13,8 @@
 // Progress: the engine (engine.h) polls the links, then sleeps in epoll_wait on, among others,
 // this kind's epoll fd, which holds the doorbell and the peers' sockets. A rank that makes
 // progress possible for a sleeping peer (published a slot, or released one) writes the peer's
-// doorbell; a flag in the peer's segment says whether it sleeps, so a busy pair never makes a
-// syscall. (An eventfd rather than a bare futex, so that one epoll_wait covers the doorbell, the
+// doorbell; a flag on the host's board (shm_layout.h) says whether it sleeps, so a busy pair never
+// makes a syscall. (An eventfd rather than a bare futex, so that one epoll_wait covers the doorbell, the
 // peers' liveness and the engine's other events.)
 #pragma once
 
