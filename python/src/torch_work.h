@@ -6,11 +6,13 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ringreduce/ringreduce.hpp"
@@ -32,18 +34,41 @@ class TorchStore : public rr::Store {
     return s_->get(key);
   }
   int64_t add(const std::string& key, int64_t delta) override { return s_->add(key, delta); }
+  // Polls check() rather than calling torch's wait: on torch 1.13's TCPStore a wait that times
+  // out can leave a stray answer on the connection that breaks the next request ("Stop_waiting
+  // response is expected", seen in CI), and ringreduce's start-up waits time out every slice by
+  // design (they read the job's failure mark in between).
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
-    try {
-      s_->wait(keys, timeout);
-    } catch (const std::exception& e) {
-      std::string names;
-      for (const auto& k : keys) names += (names.empty() ? "" : ", ") + k;
-      throw rr::TimeoutError("torch store: waiting for " + names + ": " + e.what());
+    using std::chrono::milliseconds;
+    const auto deadline =
+        std::chrono::steady_clock::now() +
+        std::clamp(timeout, milliseconds(0), milliseconds(std::chrono::hours(24 * 365 * 10)));
+    milliseconds pause(1);
+    for (;;) {
+      bool present = false;
+      try {
+        present = s_->check(keys);
+      } catch (const std::exception& e) {
+        throw rr::Error("torch store: checking for " + names(keys) + ": " + e.what());
+      }
+      if (present) return;
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline)
+        throw rr::TimeoutError("torch store: " + names(keys) + " not set within " +
+                               std::to_string(timeout.count()) + " ms");
+      std::this_thread::sleep_for(
+          std::min<std::chrono::steady_clock::duration>(pause, deadline - now));
+      pause = std::min(pause * 2, milliseconds(20));
     }
   }
   bool check(const std::vector<std::string>& keys) override { return s_->check(keys); }
 
  private:
+  static std::string names(const std::vector<std::string>& keys) {
+    std::string out;
+    for (const auto& k : keys) out += (out.empty() ? "'" : ", '") + k + "'";
+    return out;
+  }
   c10::intrusive_ptr<c10d::Store> s_;
 };
 
