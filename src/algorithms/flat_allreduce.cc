@@ -40,7 +40,7 @@ void flat_allreduce(Context& ctx, const Args& a) {
   // place `out` is overwritten as we go.
   auto input = [&](int q) -> const void* {
     if (q == ctx.rank && q <= 1) return a.send;
-    return flat::area(w, q, ctx.rank, ctx.seq).payload();
+    return flat::area(w, q, ctx.rank, ctx.seq).payload(bytes);
   };
   reduce::combine(out, input(0), input(1), a.count, a.dtype, a.op);
   for (int q = 2; q < ctx.size; ++q) reduce::combine(out, out, input(q), a.count, a.dtype, a.op);

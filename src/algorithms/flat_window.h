@@ -1,8 +1,9 @@
 // What the flat collectives share: their layout of the shared window (transport/link.h) and the
-// publish-and-wait step. Every rank has two areas in its region, used by ops of even and odd
-// sequence numbers; an area starts with a 64-byte line holding the stamp (the sequence number of
-// the op that wrote it, stored last with release), the op's fingerprint and the first 48 bytes of
-// the payload, so a small message costs a reader one cache line per peer.
+// publish-and-wait step. Every rank has two areas, used by ops of even and odd sequence numbers;
+// an area is one of the rank's window lines, holding the stamp (the sequence number of the op that
+// wrote it, stored last with release), the op's fingerprint and payloads of up to 48 bytes, and a
+// 64 KiB part of its region for larger payloads. The lines of every rank lie together, so a small
+// message costs a reader one cache line per peer, all in a few pages.
 //
 // Reuse: a rank rewrites an area two ops after it last wrote it, and waits first until every peer
 // has begun the op in between (Window::wait_all_reached), by which time every peer has finished
@@ -19,22 +20,26 @@
 namespace ringreduce::algorithms::flat {
 
 inline constexpr size_t kAreaBytes = 64 << 10;
-inline constexpr size_t kPayloadOffset = 16;
+// Payloads up to this size travel in the line, beside the stamp.
+inline constexpr size_t kLinePayload = transport::Window::kLineBytes - 16;
 // The largest payload a flat collective can carry. The tuner keeps to it.
-inline constexpr size_t kMaxBytes = kAreaBytes - kPayloadOffset;
+inline constexpr size_t kMaxBytes = kAreaBytes - 16;
 
 struct Area {
-  char* base;
+  char* line;  // stamp, fingerprint, small payload
+  char* base;  // larger payloads
   std::atomic_ref<uint64_t> stamp() const { return std::atomic_ref<uint64_t>(words()[0]); }
   std::atomic_ref<uint64_t> fingerprint() const { return std::atomic_ref<uint64_t>(words()[1]); }
-  char* payload() const { return base + kPayloadOffset; }
-  uint64_t* words() const { return reinterpret_cast<uint64_t*>(base); }
+  // Where a payload of `bytes` is (every rank of an op has the same size).
+  char* payload(size_t bytes) const { return bytes <= kLinePayload ? line + 16 : base; }
+  uint64_t* words() const { return reinterpret_cast<uint64_t*>(line); }
 };
 
-// This op's area in rank q's region (ours when q is our rank).
+// This op's area of rank q (ours when q is our rank).
 inline Area area(transport::Window& w, int q, int my_rank, uint64_t seq) {
   char* region = q == my_rank ? w.mine() : const_cast<char*>(w.of(q));
-  return Area{region + (seq % 2) * kAreaBytes};
+  const int which = static_cast<int>(seq % 2);
+  return Area{w.line(q, which), region + static_cast<size_t>(which) * kAreaBytes};
 }
 
 // Writes bytes of src as this rank's payload for op ctx.seq and stamps it.
@@ -42,7 +47,7 @@ inline void publish(Context& ctx, transport::Window& w, const void* src, size_t 
   // Everyone has finished reading what we wrote in this area two ops ago.
   w.wait_all_reached(ctx.seq - 1, ctx.deadline);
   const Area mine = area(w, ctx.rank, ctx.rank, ctx.seq);
-  if (bytes > 0) std::memcpy(mine.payload(), src, bytes);
+  if (bytes > 0) std::memcpy(mine.payload(bytes), src, bytes);
   mine.fingerprint().store(w.fingerprint(), std::memory_order_relaxed);
   mine.stamp().store(ctx.seq, std::memory_order_release);
   w.notify();

@@ -136,6 +136,12 @@ class Window {
   virtual size_t bytes() const = 0;  // of each rank's region
   virtual char* mine() = 0;
   virtual const char* of(int rank) = 0;
+  // Besides its region, each rank has kLines cache lines for stamps and small payloads, every
+  // rank's packed together: a rank that reads every peer's line touches a few pages, where a
+  // line in each peer's region costs a page (and at first a fault) per peer.
+  static constexpr int kLines = 2;
+  static constexpr size_t kLineBytes = 64;
+  virtual char* line(int rank, int which) = 0;
   // After storing a stamp: wakes the peers that sleep so that they look at it.
   virtual void notify() = 0;
   // Returns once ready() is true. ready() is called often and must be cheap; it may throw

@@ -255,7 +255,7 @@ ShmKind::ShmKind(const ShmOptions& opts, const core::Deadline& deadline) : opts_
       syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, 0, 0) == 0 ? 1 : 0;
   mine_window_ = static_cast<char*>(p) + window_offset(nfifos);
   if (local_ranks_[0] == opts_.rank)
-    board_ = reinterpret_cast<BoardLine*>(static_cast<char*>(p) + board_offset(nfifos));
+    board_ = board_at(p, nfifos);
 
   doorbell_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   epoll_.reset(epoll_create1(EPOLL_CLOEXEC));
@@ -612,10 +612,8 @@ void ShmKind::make_links() {
     }
   }
   // The board lies in the first local rank's segment (the constructor set it there if it is ours).
-  if (!board_)
-    board_ = reinterpret_cast<BoardLine*>(
-        static_cast<char*>(peers_[static_cast<size_t>(local_ranks_[0])].segment.get()) +
-        board_offset(fifo_count_));
+  if (!board_.sleep)
+    board_ = board_at(peers_[static_cast<size_t>(local_ranks_[0])].segment.get(), fifo_count_);
   asymmetric_fence_ = mine_.header()->membarrier_ok != 0;
   for (int q : local_ranks_)
     if (q != rank && peers_[static_cast<size_t>(q)].segment.header()->membarrier_ok == 0)

@@ -87,28 +87,26 @@ void ShmKind::begin_op(const OpTag& tag, bool stream_output) {
   tag_ = tag;
   stream_output_ = stream_output;
   fingerprint_ = digest(tag);
-  // Publish the op line (a seqlock, see SegmentHeader): peers compare it with their own call.
-  SegmentHeader* h = mine_.header();
-  const uint64_t v = h->op_version.load(std::memory_order_relaxed);
-  h->op_version.store(v + 1, std::memory_order_relaxed);
+  // Publish the op line (a seqlock, see OpLine): peers compare it with their own call.
+  OpLine& h = op_line(opts_.rank);
+  const uint64_t v = h.version.load(std::memory_order_relaxed);
+  h.version.store(v + 1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
   uint64_t w[sizeof(OpTag) / 8];
   std::memcpy(w, &tag, sizeof w);
-  for (size_t i = 0; i < sizeof(OpTag) / 8; ++i)
-    h->op_tag[i].store(w[i], std::memory_order_relaxed);
-  h->op_version.store(v + 2, std::memory_order_release);
-  h->op_seq.store(tag.seq, std::memory_order_release);
+  for (size_t i = 0; i < sizeof(OpTag) / 8; ++i) h.tag[i].store(w[i], std::memory_order_relaxed);
+  h.version.store(v + 2, std::memory_order_release);
+  h.seq.store(tag.seq, std::memory_order_release);
 }
 
 bool ShmKind::read_peer_tag(int q, OpTag* tag) {
-  const SegmentHeader* h = peers_[static_cast<size_t>(q)].segment.header();
-  const uint64_t v1 = h->op_version.load(std::memory_order_acquire);
+  const OpLine& h = op_line(q);
+  const uint64_t v1 = h.version.load(std::memory_order_acquire);
   if (v1 % 2 != 0) return false;
   uint64_t w[sizeof(OpTag) / 8];
-  for (size_t i = 0; i < sizeof(OpTag) / 8; ++i)
-    w[i] = h->op_tag[i].load(std::memory_order_relaxed);
+  for (size_t i = 0; i < sizeof(OpTag) / 8; ++i) w[i] = h.tag[i].load(std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_acquire);
-  if (h->op_version.load(std::memory_order_relaxed) != v1) return false;
+  if (h.version.load(std::memory_order_relaxed) != v1) return false;
   std::memcpy(tag, w, sizeof w);
   return true;
 }
@@ -174,7 +172,7 @@ void ShmKind::flush_rings() {
   for (int q : ringing_) {
     ring_[static_cast<size_t>(q)] = 0;
     Peer& p = peers_[static_cast<size_t>(q)];
-    if (p.segment.get() && board(q).sleeping.load(std::memory_order_relaxed)) {
+    if (p.segment.get() && sleep_line(q).sleeping.load(std::memory_order_relaxed)) {
       uint64_t one = 1;
       ssize_t ignored = ::write(p.doorbell.get(), &one, sizeof one);
       (void)ignored;
@@ -184,7 +182,7 @@ void ShmKind::flush_rings() {
 }
 
 int ShmKind::prepare_sleep() {
-  board(opts_.rank).sleeping.store(1, std::memory_order_relaxed);
+  sleep_line(opts_.rank).sleeping.store(1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   // Every peer's store before this point is visible now, and every later one is followed by a
   // load that sees our flag (see asymmetric_fence_). Should membarrier ever fail, a store could
@@ -195,7 +193,7 @@ int ShmKind::prepare_sleep() {
 }
 
 void ShmKind::end_sleep() {
-  board(opts_.rank).sleeping.store(0, std::memory_order_relaxed);
+  sleep_line(opts_.rank).sleeping.store(0, std::memory_order_relaxed);
 }
 
 void ShmKind::peer_gone(int q) {
@@ -311,8 +309,7 @@ void ShmKind::ShmWindow::wait_all_reached(uint64_t seq, const core::Deadline& de
     uint64_t low = UINT64_MAX;
     for (int q = 0; q < t_->opts_.size; ++q) {
       if (q == t_->opts_.rank) continue;
-      const uint64_t r = t_->peers_[static_cast<size_t>(q)].segment.header()->op_seq.load(
-          std::memory_order_acquire);
+      const uint64_t r = t_->op_line(q).seq.load(std::memory_order_acquire);
       if (r < low) low = r, behind = q;
     }
     if (low != UINT64_MAX) floor_ = std::max(floor_, low);

@@ -158,6 +158,9 @@ class ShmKind final : public LinkKind {
     size_t bytes() const override { return kWindowBytes; }
     char* mine() override { return t_->mine_window_; }
     const char* of(int rank) override { return t_->window_of(rank); }
+    char* line(int rank, int which) override {
+      return t_->board_.lines[t_->local(rank)].line[which];
+    }
     void notify() override;
     void wait(ReadyFn ready, int waiting_for, const core::Deadline& deadline) override;
     uint64_t fingerprint() const override { return t_->fingerprint_; }
@@ -232,10 +235,12 @@ class ShmKind final : public LinkKind {
   std::vector<int> local_index_;  // by rank: its index in local_ranks_, or -1
   size_t fifo_count_ = 0;         // in every local rank's segment
   // The board (shm_layout.h) in the first local rank's segment, by local index; set once linked.
-  BoardLine* board_ = nullptr;
-  BoardLine& board(int rank) {
-    return board_[static_cast<size_t>(local_index_[static_cast<size_t>(rank)])];
+  Board board_;
+  size_t local(int rank) const {
+    return static_cast<size_t>(local_index_[static_cast<size_t>(rank)]);
   }
+  BoardLine& sleep_line(int rank) { return board_.sleep[local(rank)]; }
+  OpLine& op_line(int rank) { return board_.ops[local(rank)]; }
   std::vector<uint8_t> ring_;  // by rank: owed a wake-up at the end of this pass
   std::vector<int> ringing_;   // the ranks marked in ring_
   OpTag tag_;

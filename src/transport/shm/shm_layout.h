@@ -2,13 +2,13 @@
 // the FIFOs its same-host peers write into; the peers map it after receiving the memfd over a
 // Unix socket. Nothing is ever named in /dev/shm, so a crash leaves nothing behind.
 //
-//   SegmentHeader                      (one page): sleep flag, the op line
+//   SegmentHeader                      (one page): identity, liveness, counters
 //   Fifo[(sender rank) * channels + channel], each:
 //     FifoControl                      head, tail and abort notice on separate cache lines
 //     SlotMeta[kSlots]                 one cache line per slot: tag, sizes
 //     data[kSlots][kSlotBytes]
 //   window[kWindowBytes]               the owner's region of the shared Window (link.h)
-//   BoardLine[local ranks]             used in the host's first rank's segment only (below)
+//   board                              used in the host's first rank's segment only (below)
 //
 // A FIFO is single-producer (the sender) single-consumer (the owner). head counts slots the
 // sender has published, tail the slots the owner has released; the sender may write slot
@@ -26,7 +26,7 @@
 namespace ringreduce::transport::shm {
 
 inline constexpr uint64_t kSegmentMagic = 0x314d485352525252ull;  // "RRRRSHM1"
-inline constexpr uint32_t kShmVersion = 2;
+inline constexpr uint32_t kShmVersion = 3;
 // A few cache-sized slots: the fused ring keeps its staging in cache (the prototypes:
 // 256-512 KiB slots reached 85-90% of the memory-bandwidth floor; a full-size staging copy costs
 // 3x). 4 x 256 KiB per FIFO measured best at N=2, 4 and 8 (tuner.cc); 16 slots were up to 2x
@@ -50,12 +50,6 @@ struct alignas(64) SegmentHeader {
   // 1 if the owner registered for membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) (see
   // ShmTransport::flush_rings): only when every rank did may wakers skip their fence.
   uint32_t membarrier_ok;
-  // The op the owner has begun, for peers that check whether it is in the same call (and the
-  // window's "has every peer reached op s"). A seqlock: version is odd while tag is rewritten;
-  // seq is stored last, with release, so a peer that sees it also sees the tag.
-  alignas(64) std::atomic<uint64_t> op_version;
-  std::atomic<uint64_t> op_seq;
-  std::atomic<uint64_t> op_tag[sizeof(OpTag) / 8];
   // Set by the owner when its communicator is destroyed: its process may live on (another
   // communicator, or ranks that are threads), so no pidfd or socket says so. peers_closed counts
   // the peers that have set theirs, each adding one here: a woken owner reads their flags only
@@ -69,7 +63,6 @@ struct alignas(64) SegmentHeader {
   alignas(64) std::atomic<uint64_t> lane_posts;
   alignas(64) std::atomic<uint64_t> notices;
 };
-static_assert(sizeof(OpTag) % 8 == 0, "the op line copies the tag in words");
 
 struct FifoControl {
   alignas(64) std::atomic<uint64_t> head;  // written by the sender
@@ -115,11 +108,13 @@ inline Fifo fifo_at(void* segment, size_t index) {
 inline size_t window_offset(size_t fifo_count) {
   return kHeaderBytes + fifo_count * kFifoStride;
 }
-// The board: one cache line per rank of the host, in its first rank's segment, which every rank
-// maps. A rank's sleep flag lives there rather than in its own segment, so a rank that wakes its
-// peers (the window's notify rings every one) reads lines of one mapping, a few pages, not a line
-// in each of N - 1 mappings: at 256 ranks on this project's VM those loads, each from another
-// mapping, were 98% of the wake-up pass (docs/PERFORMANCE.md).
+// The board, in the host's first rank's segment, which every rank of the host maps: what a rank
+// publishes for all its peers to read, each kind in an array of one cache line per rank, so that a
+// rank that reads every peer's (a wake-up pass, the window's stamps, "has every peer begun op s")
+// touches a few pages of one mapping instead of a line in each of N - 1 mappings: at 256 ranks on
+// this project's VM such loads, each from another mapping, were 98% of the wake-up pass, and the
+// first touches of N - 1 mappings by N ranks made the first flat allreduce take seconds
+// (docs/PERFORMANCE.md). Arrays, not a record per rank: each scan reads one of them.
 struct alignas(64) BoardLine {
   // Set by its rank while it is about to sleep in epoll_wait on its doorbell eventfd; a peer
   // that makes progress possible for it writes the eventfd only then.
@@ -127,12 +122,50 @@ struct alignas(64) BoardLine {
 };
 static_assert(sizeof(BoardLine) == 64);
 
+// The op a rank has begun, for peers that check whether it is in the same call (and the window's
+// "has every peer reached op s"). A seqlock: version is odd while tag is rewritten; seq is stored
+// last, with release, so a peer that sees it also sees the tag.
+struct alignas(64) OpLine {
+  std::atomic<uint64_t> version;
+  std::atomic<uint64_t> seq;
+  std::atomic<uint64_t> tag[sizeof(OpTag) / 8];
+};
+static_assert(sizeof(OpTag) % 8 == 0, "the op line copies the tag in words");
+static_assert(sizeof(OpLine) == 64, "one cache line per rank");
+
+// A rank's lines of the shared Window (link.h Window::line).
+struct alignas(64) WindowLines {
+  char line[Window::kLines][Window::kLineBytes];
+};
+static_assert(sizeof(WindowLines) == Window::kLines * Window::kLineBytes);
+
 inline size_t board_offset(size_t fifo_count) {
   return window_offset(fifo_count) + kWindowBytes;
 }
-// Sized by FIFOs (at least one per local rank), so that the layout needs no other count.
+// Each array has one entry per FIFO (at least one per local rank), so that the layout needs no
+// other count, and starts on a page.
+inline size_t board_array_bytes(size_t fifo_count, size_t entry) {
+  return round_up(fifo_count * entry, kPage);
+}
+struct Board {
+  BoardLine* sleep = nullptr;
+  OpLine* ops = nullptr;
+  WindowLines* lines = nullptr;
+};
+inline Board board_at(void* segment, size_t fifo_count) {
+  char* b = static_cast<char*>(segment) + board_offset(fifo_count);
+  Board board;
+  board.sleep = reinterpret_cast<BoardLine*>(b);
+  b += board_array_bytes(fifo_count, sizeof(BoardLine));
+  board.ops = reinterpret_cast<OpLine*>(b);
+  b += board_array_bytes(fifo_count, sizeof(OpLine));
+  board.lines = reinterpret_cast<WindowLines*>(b);
+  return board;
+}
 inline size_t segment_bytes(size_t fifo_count) {
-  return board_offset(fifo_count) + round_up(fifo_count * sizeof(BoardLine), kPage);
+  return board_offset(fifo_count) + board_array_bytes(fifo_count, sizeof(BoardLine)) +
+         board_array_bytes(fifo_count, sizeof(OpLine)) +
+         board_array_bytes(fifo_count, sizeof(WindowLines));
 }
 
 }  // namespace ringreduce::transport::shm
