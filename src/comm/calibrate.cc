@@ -287,14 +287,20 @@ void CommImpl::probe_links(const core::Deadline& deadline) {
     // much (on shared memory the allreduce candidates are flat, direct and the ring).
     const int small_rounds = wide ? kProbeSmallRounds / 4 : kProbeSmallRounds;
     // The first runs wake every rank and touch every FIFO slot and the scratch space.
-    run(algorithms::recursive_doubling_allreduce, small, 4);
+    run(algorithms::recursive_doubling_allreduce, small, wide ? 1 : 4);
     if (wide)
-      shift(2);
+      shift(1);
     else
       run(algorithms::ring_allreduce, bulk, 2);
     if (!wide) run(algorithms::rabenseifner_allreduce, bulk, 1);
     double rd = 1e9, ring = 1e9, rab = 1e9;
-    const size_t batches = std::max<size_t>(1, config_.size("RINGREDUCE_PROBE_BATCHES"));
+    // Wide communicators take one batch unless told otherwise: at 256 ranks on two cores each
+    // batch took ~0.9 s (every step waits for every rank to be scheduled), and what the probe
+    // tells there, steps of milliseconds rather than microseconds, one batch tells as well.
+    const size_t batches =
+        wide && !config_.has("RINGREDUCE_PROBE_BATCHES")
+            ? 1
+            : std::max<size_t>(1, config_.size("RINGREDUCE_PROBE_BATCHES"));
     for (size_t b = 0; b < batches; ++b) {
       rd = std::min(rd, run(algorithms::recursive_doubling_allreduce, small, small_rounds));
       ring = std::min(ring, wide ? shift(kProbeBulkRounds)
