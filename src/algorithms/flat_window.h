@@ -27,19 +27,24 @@ inline constexpr size_t kMaxBytes = kAreaBytes - 16;
 
 struct Area {
   char* line;  // stamp, fingerprint, small payload
-  char* base;  // larger payloads
+  transport::Window* w;
+  int q, my_rank;
+  size_t offset;  // of the part of q's region for larger payloads
   std::atomic_ref<uint64_t> stamp() const { return std::atomic_ref<uint64_t>(words()[0]); }
   std::atomic_ref<uint64_t> fingerprint() const { return std::atomic_ref<uint64_t>(words()[1]); }
-  // Where a payload of `bytes` is (every rank of an op has the same size).
-  char* payload(size_t bytes) const { return bytes <= kLinePayload ? line + 16 : base; }
+  // Where a payload of `bytes` is (every rank of an op has the same size). Only a large one
+  // touches q's region (a mapping of its own, made on first use).
+  char* payload(size_t bytes) const {
+    if (bytes <= kLinePayload) return line + 16;
+    return (q == my_rank ? w->mine() : const_cast<char*>(w->of(q))) + offset;
+  }
   uint64_t* words() const { return reinterpret_cast<uint64_t*>(line); }
 };
 
 // This op's area of rank q (ours when q is our rank).
 inline Area area(transport::Window& w, int q, int my_rank, uint64_t seq) {
-  char* region = q == my_rank ? w.mine() : const_cast<char*>(w.of(q));
   const int which = static_cast<int>(seq % 2);
-  return Area{w.line(q, which), region + static_cast<size_t>(which) * kAreaBytes};
+  return Area{w.line(q, which), &w, q, my_rank, static_cast<size_t>(which) * kAreaBytes};
 }
 
 // Writes bytes of src as this rank's payload for op ctx.seq and stamps it.

@@ -2,7 +2,9 @@
 // the values (rendezvous/join.h): world sizes or settings that differ, a rank started twice, a
 // store that still holds an earlier job, a rank whose own setting is bad. Every case runs with a
 // 60 s timeout and must end well before it: the failure is found, not waited out.
+#include <atomic>
 #include <chrono>
+#include <fstream>
 #include <thread>
 
 #include "harness.h"
@@ -188,7 +190,7 @@ TEST(StartUp, SharedMemoryPeersMeetThroughTheFirstRankOrInAMesh) {
 }
 
 // A peer whose communicator is destroyed while its process lives on (here a thread) is named at
-// once: through the first rank no socket closes, the flag in its segment says so.
+// once: through the first rank no socket closes, its flag on the board says so.
 TEST(StartUp, APeerWhoseCommunicatorIsDestroyedIsNamedAtOnce) {
   for (const std::string how : {"first", "mesh"}) {
     SCOPED_TRACE("RINGREDUCE_SHM_CONNECT=" + how);
@@ -211,6 +213,54 @@ TEST(StartUp, APeerWhoseCommunicatorIsDestroyedIsNamedAtOnce) {
           EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 2.0);
         },
         {{"RINGREDUCE_SHM_CONNECT", how}}, 30s);
+  }
+}
+
+// The shared-memory segments of this process's communicators ("memfd:ringreduce-shm" in
+// /proc/self/maps; the ranks here are threads, so all of theirs).
+size_t shm_mappings() {
+  std::ifstream maps("/proc/self/maps");
+  size_t n = 0;
+  for (std::string line; std::getline(maps, line);)
+    n += line.find("ringreduce-shm") != std::string::npos ? 1 : 0;
+  return n;
+}
+
+// A rank maps a peer's segment when it first sends to it (or reads its window region), not at
+// start-up: small collectives go through the host's board, and an alltoall then maps them all
+// and still comes out right. (Mapping every segment at start-up took seconds at 256 ranks.)
+TEST(StartUp, SegmentsAreMappedOnFirstUse) {
+  constexpr int kRanks = 16;
+  for (const std::string how : {"first", "mesh"}) {
+    SCOPED_TRACE("RINGREDUCE_SHM_CONNECT=" + how);
+    std::atomic<size_t> after_small{0};
+    run_ranks(
+        kRanks,
+        [&](Communicator& comm) {
+          const int n = comm.size(), me = comm.rank();
+          comm.barrier();
+          int64_t sum = me;
+          comm.allreduce(&sum, &sum, 1, ringreduce::DataType::i64, ringreduce::ReduceOp::sum);
+          EXPECT_EQ(sum, n * (n - 1) / 2);
+          comm.barrier();
+          if (me == 0) after_small = shm_mappings();
+          comm.barrier();
+          std::vector<int32_t> in(static_cast<size_t>(n)), out(static_cast<size_t>(n), -1);
+          for (int j = 0; j < n; ++j) in[static_cast<size_t>(j)] = me * n + j;
+          comm.alltoall(in.data(), out.data(), 1, ringreduce::DataType::i32);
+          for (int i = 0; i < n; ++i) EXPECT_EQ(out[static_cast<size_t>(i)], i * n + me);
+          comm.barrier();
+          if (me == 0) {
+            EXPECT_EQ(shm_mappings(), static_cast<size_t>(n * n));
+          }
+          comm.barrier();  // no communicator goes (and unmaps) before rank 0 has counted
+        },
+        {{"RINGREDUCE_SHM_CONNECT", how}}, 60s);
+    // Each rank's own, the first rank's (the board), and the peers of the start-up probe's
+    // recursive doubling and ring (lg N + 1): at most N (lg N + 3), against N^2 = 256 at start-up
+    // before.
+    EXPECT_LE(after_small.load(), static_cast<size_t>(kRanks * (4 + 3)));
+    EXPECT_GT(after_small.load(), static_cast<size_t>(kRanks));
   }
 }
 

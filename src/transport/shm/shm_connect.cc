@@ -7,7 +7,8 @@
 //   connections on the host instead of N(N - 1), and a rank waits for one peer to be scheduled,
 //   not for every one of them (256 ranks on two cores spent ~15 s in the full mesh's accepts).
 //   A peer's death is seen through a pidfd of its process, a communicator destroyed while its
-//   process lives on through the `closed` flag in its segment (SegmentHeader).
+//   process lives on through its `closed` flag on the host's board (shm_layout.h).
+// Either way a peer's segment is mapped when first used (ShmKind::segment), and checked then.
 // - Every pair connecting (the mesh): only where pidfds cannot watch the peers (ranks in
 //   different pid namespaces, as containers of one pod; a kernel without pidfd_open), or with
 //   RINGREDUCE_SHM_CONNECT=mesh. The peers' sockets closing is how their death is seen.
@@ -72,6 +73,8 @@ constexpr size_t kTableEntries = 120;
 struct TableMsg {
   uint32_t magic = kTableMagic;
   uint32_t count = 0;
+  // 1 if every rank of the host registered for membarrier (SegmentHeader::membarrier_ok).
+  uint32_t membarrier_all = 0;
   struct Entry {
     int32_t rank;
     int32_t pid;
@@ -254,8 +257,7 @@ ShmKind::ShmKind(const ShmOptions& opts, const core::Deadline& deadline) : opts_
   h->membarrier_ok =
       syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, 0, 0) == 0 ? 1 : 0;
   mine_window_ = static_cast<char*>(p) + window_offset(nfifos);
-  if (local_ranks_[0] == opts_.rank)
-    board_ = board_at(p, nfifos);
+  if (local_ranks_[0] == opts_.rank) board_ = board_at(p, nfifos);
 
   doorbell_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   epoll_.reset(epoll_create1(EPOLL_CLOEXEC));
@@ -276,40 +278,54 @@ ShmKind::ShmKind(const ShmOptions& opts, const core::Deadline& deadline) : opts_
 
 ShmKind::~ShmKind() {
   // The peers learn that this communicator is gone even where its process lives on (where its
-  // process ends, their pidfds or sockets tell them too): the flag, a count in each peer's own
-  // segment (so that a woken peer looks at the flags only when one was raised), its doorbell.
-  if (!mine_.get()) return;
-  mine_.header()->closed.store(1, std::memory_order_release);
+  // process ends, their pidfds or sockets tell them too): the flag, the board's count (so that a
+  // woken peer looks at the flags only when one was raised), their doorbells.
+  if (!board_.head) return;
+  sleep_line(opts_.rank).closed.store(1, std::memory_order_release);
+  board_.head->closed_count.fetch_add(1, std::memory_order_acq_rel);
   for (Peer& p : peers_) {
-    if (!p.segment.get()) continue;
-    p.segment.header()->peers_closed.fetch_add(1, std::memory_order_acq_rel);
-    if (p.doorbell.valid()) {
-      uint64_t one = 1;
-      ssize_t ignored = ::write(p.doorbell.get(), &one, sizeof one);
-      (void)ignored;
-    }
+    if (!p.doorbell.valid()) continue;
+    uint64_t one = 1;
+    ssize_t ignored = ::write(p.doorbell.get(), &one, sizeof one);
+    (void)ignored;
   }
 }
 
-bool ShmKind::map_segment(int q, core::Fd& fd, Mapping* out, std::string* why) const {
+bool ShmKind::check_segment(int q, int fd, std::string* why, uint32_t* membarrier_ok) const {
+  // Read, not mapped: a mapping costs page tables, and most peers' segments are never used.
   struct stat st {};
-  if (fstat(fd.get(), &st) != 0 || st.st_size < static_cast<off_t>(kHeaderBytes)) {
+  alignas(SegmentHeader) char buf[sizeof(SegmentHeader)];
+  if (fstat(fd, &st) != 0 || st.st_size < static_cast<off_t>(kHeaderBytes) ||
+      pread(fd, buf, sizeof buf, 0) != static_cast<ssize_t>(sizeof buf)) {
     *why = "unusable segment";
     return false;
   }
   const size_t n = static_cast<size_t>(st.st_size);
-  void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-  if (p == MAP_FAILED) throw Error(errstr("mapping a peer's shared-memory segment failed"));
-  Mapping seg(p, n);
-  const SegmentHeader* sh = seg.header();
+  const auto* sh = reinterpret_cast<const SegmentHeader*>(buf);
   if (sh->magic != kSegmentMagic || sh->version != kShmVersion || sh->comm_id != opts_.comm_id ||
       sh->owner_rank != q || sh->total_bytes != n || n != segment_bytes(fifo_count_) ||
       sh->fifo_count != fifo_count_ || sh->fifo_stride != kFifoStride) {
     *why = "segment does not match its hello";
     return false;
   }
-  *out = std::move(seg);
+  if (membarrier_ok) *membarrier_ok = sh->membarrier_ok;
   return true;
+}
+
+const Mapping& ShmKind::segment(int q) {
+  Peer& p = peers_[static_cast<size_t>(q)];
+  if (p.segment.get()) return p.segment;
+  const std::string whose = "rank " + std::to_string(opts_.rank) +
+                            ": the shared-memory segment of same-host rank " + std::to_string(q);
+  std::string why = "not received";
+  if (!p.memfd.valid() || !check_segment(q, p.memfd.get(), &why, nullptr))
+    throw Error(whose + ": " + why);
+  const size_t n = segment_bytes(fifo_count_);
+  void* m = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, p.memfd.get(), 0);
+  if (m == MAP_FAILED) throw Error(errstr((whose + " could not be mapped").c_str()));
+  p.segment = Mapping(m, n);
+  p.memfd.reset();
+  return p.segment;
 }
 
 bool ShmKind::accept_peer(core::Fd& s, const core::auth::Nonce& nonce, int* expected,
@@ -342,11 +358,13 @@ bool ShmKind::accept_peer(core::Fd& s, const core::auth::Nonce& nonce, int* expe
     why = "duplicate connection";
   } else {
     Peer& peer = peers_[static_cast<size_t>(h.rank)];
-    if (map_segment(h.rank, fds[0], &peer.segment, &why)) {
+    uint32_t membarrier_ok = 0;
+    if (check_segment(h.rank, fds[0].get(), &why, &membarrier_ok)) {
       peer.doorbell = std::move(fds[1]);
+      peer.memfd = std::move(fds[0]);
+      if (membarrier_ok == 0) membarrier_all_ = false;
       // Through the first rank, it hands the segment on and names the process to watch.
       if (through_first_) {
-        peer.memfd = std::move(fds[0]);
         ucred c{};
         socklen_t len = sizeof c;
         if (getsockopt(s.get(), SOL_SOCKET, SO_PEERCRED, &c, &len) == 0) peer.pid = c.pid;
@@ -486,6 +504,7 @@ void ShmKind::hand_out(const core::Deadline& deadline, const std::function<void(
       if (q != r) others.push_back(q);
     for (size_t at = 0; at < others.size(); at += kTableEntries) {
       TableMsg m;
+      m.membarrier_all = membarrier_all_ && mine_.header()->membarrier_ok != 0 ? 1 : 0;
       std::vector<int> fds;
       for (size_t i = at; i < std::min(others.size(), at + kTableEntries); ++i) {
         const int q = others[i];
@@ -513,8 +532,7 @@ void ShmKind::hand_out(const core::Deadline& deadline, const std::function<void(
       }
     }
   }
-  // Every rank has its own reference now.
-  for (Peer& p : peers_) p.memfd.reset();
+  // Every rank has its own reference now; this one keeps its own until it maps them.
 }
 
 void ShmKind::receive_from_first(core::Fd sock, const core::Deadline& deadline,
@@ -552,18 +570,17 @@ void ShmKind::receive_from_first(core::Fd sock, const core::Deadline& deadline,
     for (size_t i = 0; i < m.count; ++i) {
       const int q = m.entries[i].rank;
       if (q < 0 || q >= opts_.size || q == rank || local_index_[static_cast<size_t>(q)] < 0 ||
-          peers_[static_cast<size_t>(q)].segment.get())
+          peers_[static_cast<size_t>(q)].memfd.valid())
         throw Error("rank " + std::to_string(rank) + ": unexpected rank " + std::to_string(q) +
                     " in the shared-memory table from " + from);
       Peer& p = peers_[static_cast<size_t>(q)];
-      std::string why;
-      if (!map_segment(q, fds[2 * i], &p.segment, &why))
-        throw Error("rank " + std::to_string(rank) + ": the segment of rank " + std::to_string(q) +
-                    " from " + from + ": " + why);
+      // The first rank checked it; segment() checks it again when it maps it.
+      p.memfd = std::move(fds[2 * i]);
       p.doorbell = std::move(fds[2 * i + 1]);
       if (q != first) p.pid = m.entries[i].pid;
       --missing;
     }
+    if (m.membarrier_all == 0) membarrier_all_ = false;
   }
   leader.out_sock = std::move(sock);
 }
@@ -602,9 +619,7 @@ void ShmKind::make_links() {
         return static_cast<size_t>(local_index_[static_cast<size_t>(r)]) * stride() +
                static_cast<size_t>(ch);
       };
-      Fifo in = fifo_at(mine_.get(), fifo(q));
-      Fifo out = fifo_at(peer.segment.get(), fifo(rank));
-      auto l = std::make_unique<ShmLink>(this, q, in, out, peer.segment.header(),
+      auto l = std::make_unique<ShmLink>(this, q, fifo_at(mine_.get(), fifo(q)), fifo(rank),
                                          /*lane=*/ch == opts_.channels);
       active_.push_back(l.get());
       (ch == opts_.channels ? lanes_ : chans_).push_back(l.get());
@@ -612,12 +627,10 @@ void ShmKind::make_links() {
     }
   }
   // The board lies in the first local rank's segment (the constructor set it there if it is ours).
-  if (!board_.sleep)
-    board_ = board_at(peers_[static_cast<size_t>(local_ranks_[0])].segment.get(), fifo_count_);
-  asymmetric_fence_ = mine_.header()->membarrier_ok != 0;
-  for (int q : local_ranks_)
-    if (q != rank && peers_[static_cast<size_t>(q)].segment.header()->membarrier_ok == 0)
-      asymmetric_fence_ = false;
+  if (!board_.sleep) board_ = board_at(segment(local_ranks_[0]).get(), fifo_count_);
+  // Every rank of the host decides alike: from the first rank's table, or in the mesh from every
+  // peer's segment header.
+  asymmetric_fence_ = mine_.header()->membarrier_ok != 0 && membarrier_all_;
   RR_LOG(info, rank, "connected to ", local_ranks_.size() - 1,
          " same-host peers over shared memory",
          through_first_ ? " (through the host's first rank)" : " (every pair connected)",

@@ -120,10 +120,9 @@ void ShmKind::check_peer_calls() {
   }
 }
 
-const char* ShmKind::window_of(int rank) const {
+const char* ShmKind::window_of(int rank) {
   if (rank == opts_.rank) return mine_window_;
-  return static_cast<const char*>(peers_[static_cast<size_t>(rank)].segment.get()) +
-         window_offset(fifo_count_);
+  return static_cast<const char*>(segment(rank).get()) + window_offset(fifo_count_);
 }
 
 Link& ShmKind::link(int peer, int channel) {
@@ -172,7 +171,7 @@ void ShmKind::flush_rings() {
   for (int q : ringing_) {
     ring_[static_cast<size_t>(q)] = 0;
     Peer& p = peers_[static_cast<size_t>(q)];
-    if (p.segment.get() && sleep_line(q).sleeping.load(std::memory_order_relaxed)) {
+    if (p.doorbell.valid() && sleep_line(q).sleeping.load(std::memory_order_relaxed)) {
       uint64_t one = 1;
       ssize_t ignored = ::write(p.doorbell.get(), &one, sizeof one);
       (void)ignored;
@@ -214,13 +213,11 @@ void ShmKind::handle_events() {
       ssize_t ignored = ::read(doorbell_.get(), &v, sizeof v);
       (void)ignored;
       // A peer's communicator ended (its process may live on).
-      const uint64_t closed = mine_.header()->peers_closed.load(std::memory_order_acquire);
+      const uint64_t closed = board_.head->closed_count.load(std::memory_order_acquire);
       if (closed == closed_seen_) continue;
       closed_seen_ = closed;
       for (int q : local_ranks_)
-        if (q != opts_.rank &&
-            peers_[static_cast<size_t>(q)].segment.header()->closed.load(std::memory_order_acquire))
-          peer_gone(q);
+        if (q != opts_.rank && sleep_line(q).closed.load(std::memory_order_acquire)) peer_gone(q);
       continue;
     }
     const int q = static_cast<int>(events[i].data.u64);

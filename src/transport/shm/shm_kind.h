@@ -7,15 +7,17 @@
 // first rank, which hands each rank everyone else's; or, where pidfds cannot watch the peers,
 // every pair exchanges them. Nothing is named in /dev/shm and the abstract names vanish with their
 // sockets, so a crash leaves nothing behind. A peer's death is seen through a pidfd of its process
-// (or its socket closing, in the mesh), the end of its communicator through a flag in its
-// segment.
+// (or its socket closing, in the mesh), the end of its communicator through a flag on the host's
+// board. Through the first rank, a peer's segment is mapped on first use (its memfd is kept until
+// then): a ring sends to one neighbour, and at 256 ranks mapping all 255 peers' segments, with
+// page tables for each, took seconds of start-up.
 //
 // Progress: the engine (engine.h) polls the links, then sleeps in epoll_wait on, among others,
 // this kind's epoll fd, which holds the doorbell and the peers' sockets. A rank that makes
 // progress possible for a sleeping peer (published a slot, or released one) writes the peer's
 // doorbell; a flag on the host's board (shm_layout.h) says whether it sleeps, so a busy pair never
-// makes a syscall. (An eventfd rather than a bare futex, so that one epoll_wait covers the doorbell, the
-// peers' liveness and the engine's other events.)
+// makes a syscall. (An eventfd rather than a bare futex, so that one epoll_wait covers the
+// doorbell, the peers' liveness and the engine's other events.)
 #pragma once
 
 #include <algorithm>
@@ -150,6 +152,8 @@ class ShmKind final : public LinkKind {
     uint8_t& r = ring_[static_cast<size_t>(peer)];
     if (!r) r = 1, ringing_.push_back(peer);
   }
+  // Peer q's segment, mapped (and checked) on first use. Throws an Error naming q if it cannot be.
+  const Mapping& segment(int q);
 
  private:
   class ShmWindow final : public Window {
@@ -181,8 +185,9 @@ class ShmKind final : public LinkKind {
   // the connection dropped and logged (*last_drop says why).
   bool accept_peer(core::Fd& s, const core::auth::Nonce& nonce, int* expected,
                    std::string* last_drop);
-  // Maps q's segment from `fd` into *out if its header matches this communicator; else *why.
-  bool map_segment(int q, core::Fd& fd, Mapping* out, std::string* why) const;
+  // Whether the segment in `fd` is q's for this communicator (its header, read without mapping
+  // it; *membarrier_ok, if given: SegmentHeader::membarrier_ok); else *why.
+  bool check_segment(int q, int fd, std::string* why, uint32_t* membarrier_ok) const;
   // The host's first rank, once every rank has connected: each one's peers' segments, doorbells
   // and pids. The others: receiving them over `sock`, their connection to it.
   void hand_out(const core::Deadline& deadline, const std::function<void()>& check_failed);
@@ -198,7 +203,7 @@ class ShmKind final : public LinkKind {
   void check_peer_calls();
   // The tag a peer published for the op it has begun; false if it is being rewritten.
   bool read_peer_tag(int q, OpTag* tag);
-  const char* window_of(int rank) const;
+  const char* window_of(int rank);
   // Per peer: its channels' links, then its lane (at channel index `channels`).
   size_t stride() const { return static_cast<size_t>(opts_.channels) + 1; }
   ShmLink* slot(int peer, int channel) {
@@ -217,8 +222,9 @@ class ShmKind final : public LinkKind {
     core::Fd doorbell;
     core::Fd out_sock;  // we connected: keeps the peer's view of us alive
     core::Fd in_sock;   // it connected: closes when it goes
-    core::Fd memfd;     // the host's first rank, until it has handed the segment out
-    core::Fd pidfd;     // readable once its process has exited (through the first rank)
+    // Its segment until mapped (segment()); the host's first rank also hands it out.
+    core::Fd memfd;
+    core::Fd pidfd;  // readable once its process has exited (through the first rank)
     int pid = 0;
     bool gone = false;
   };
@@ -252,13 +258,16 @@ class ShmKind final : public LinkKind {
   bool aborted_ = false;
   // Segments came through the host's first rank (else every pair connected).
   bool through_first_ = false;
-  uint64_t closed_seen_ = 0;  // SegmentHeader::peers_closed when last looked at
+  uint64_t closed_seen_ = 0;  // BoardHeader::closed_count when last looked at
   // The sleep/wake handshake (flush_rings, sleep) is Dekker's: a waker stores its data and then
   // loads the peer's sleep flag, a sleeper stores its flag and then loads the data. Either both
   // sides fence, or (when every rank could register for it) the sleeper alone issues
   // membarrier(GLOBAL_EXPEDITED), which fences every registered thread on its behalf: the rare
   // sleeper pays a syscall so that every publish, the common case, pays no fence.
   bool asymmetric_fence_ = false;
+  // Every peer whose segment header this rank read registered for membarrier (in the mesh), or
+  // the host's first rank said every rank did.
+  bool membarrier_all_ = true;
 };
 
 }  // namespace ringreduce::transport::shm

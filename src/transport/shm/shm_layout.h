@@ -1,6 +1,7 @@
 // The layout of a rank's shared-memory segment. Each rank owns one segment (a memfd) that holds
-// the FIFOs its same-host peers write into; the peers map it after receiving the memfd over a
-// Unix socket. Nothing is ever named in /dev/shm, so a crash leaves nothing behind.
+// the FIFOs its same-host peers write into; a peer maps it when it first needs it, after
+// receiving the memfd over a Unix socket. Nothing is ever named in /dev/shm, so a crash leaves
+// nothing behind.
 //
 //   SegmentHeader                      (one page): identity, liveness, counters
 //   Fifo[(sender rank) * channels + channel], each:
@@ -50,12 +51,6 @@ struct alignas(64) SegmentHeader {
   // 1 if the owner registered for membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) (see
   // ShmTransport::flush_rings): only when every rank did may wakers skip their fence.
   uint32_t membarrier_ok;
-  // Set by the owner when its communicator is destroyed: its process may live on (another
-  // communicator, or ranks that are threads), so no pidfd or socket says so. peers_closed counts
-  // the peers that have set theirs, each adding one here: a woken owner reads their flags only
-  // when the count has moved.
-  alignas(64) std::atomic<uint32_t> closed;
-  std::atomic<uint64_t> peers_closed;
   // Bumped by a peer after it publishes into one of this segment's lane FIFOs, and after it posts
   // an abort notice beside any of its FIFOs: the owner's passes read the lanes (whose header
   // receives are always posted) and the notices only when these have moved, instead of every
@@ -119,8 +114,17 @@ struct alignas(64) BoardLine {
   // Set by its rank while it is about to sleep in epoll_wait on its doorbell eventfd; a peer
   // that makes progress possible for it writes the eventfd only then.
   std::atomic<uint32_t> sleeping;
+  // Set by its rank when its communicator is destroyed: its process may live on (another
+  // communicator, or ranks that are threads), so no pidfd or socket says so.
+  std::atomic<uint32_t> closed;
 };
 static_assert(sizeof(BoardLine) == 64);
+
+// The board's first line: counts the ranks that have set `closed`, so that a woken rank reads the
+// flags only when the count has moved.
+struct alignas(64) BoardHeader {
+  std::atomic<uint64_t> closed_count;
+};
 
 // The op a rank has begun, for peers that check whether it is in the same call (and the window's
 // "has every peer reached op s"). A seqlock: version is odd while tag is rewritten; seq is stored
@@ -148,6 +152,7 @@ inline size_t board_array_bytes(size_t fifo_count, size_t entry) {
   return round_up(fifo_count * entry, kPage);
 }
 struct Board {
+  BoardHeader* head = nullptr;
   BoardLine* sleep = nullptr;
   OpLine* ops = nullptr;
   WindowLines* lines = nullptr;
@@ -155,6 +160,8 @@ struct Board {
 inline Board board_at(void* segment, size_t fifo_count) {
   char* b = static_cast<char*>(segment) + board_offset(fifo_count);
   Board board;
+  board.head = reinterpret_cast<BoardHeader*>(b);
+  b += board_array_bytes(1, sizeof(BoardHeader));
   board.sleep = reinterpret_cast<BoardLine*>(b);
   b += board_array_bytes(fifo_count, sizeof(BoardLine));
   board.ops = reinterpret_cast<OpLine*>(b);
@@ -163,7 +170,8 @@ inline Board board_at(void* segment, size_t fifo_count) {
   return board;
 }
 inline size_t segment_bytes(size_t fifo_count) {
-  return board_offset(fifo_count) + board_array_bytes(fifo_count, sizeof(BoardLine)) +
+  return board_offset(fifo_count) + board_array_bytes(1, sizeof(BoardHeader)) +
+         board_array_bytes(fifo_count, sizeof(BoardLine)) +
          board_array_bytes(fifo_count, sizeof(OpLine)) +
          board_array_bytes(fifo_count, sizeof(WindowLines));
 }

@@ -9,8 +9,14 @@
 
 namespace ringreduce::transport::shm {
 
-ShmLink::ShmLink(ShmKind* owner, int peer, Fifo in, Fifo out, SegmentHeader* out_header, bool lane)
-    : owner_(owner), peer_(peer), lane_(lane), out_header_(out_header), in_(in), out_(out) {}
+ShmLink::ShmLink(ShmKind* owner, int peer, Fifo in, size_t out_index, bool lane)
+    : owner_(owner), peer_(peer), lane_(lane), in_(in), out_index_(out_index) {}
+
+void ShmLink::bind_out() {
+  const Mapping& seg = owner_->segment(peer_);
+  out_ = fifo_at(seg.get(), out_index_);
+  out_header_ = seg.header();
+}
 
 const OpTag& ShmLink::tag() const {
   return lane_ ? lane_tag_ : owner_->tag();
@@ -46,6 +52,7 @@ int ShmLink::notice_code() const {
 // Credits
 
 bool ShmLink::out_has_credit() {
+  if (!out_header_) bind_out();
   if (out_head_ - out_tail_ < kSlots) return true;
   out_tail_ = out_.control()->tail.load(std::memory_order_acquire);
   return out_head_ - out_tail_ < kSlots;
@@ -310,7 +317,16 @@ void ShmLink::fail(int code, int blamed_rank, const std::string& reason) {
   sends_.clear();
   recvs_.clear();
   // The notice has its own place beside the FIFO, so unlike a byte stream it never waits for a
-  // message boundary or a free slot.
+  // message boundary or a free slot. A peer this link never sent to is mapped now: it may be
+  // waiting for this rank elsewhere (the window), and should learn why it fails.
+  if (!out_header_) {
+    try {
+      bind_out();
+    } catch (const std::exception&) {
+      owner_->ring(peer_);  // its pidfd, the timeout or the closed flag will tell it instead
+      return;
+    }
+  }
   FifoControl* ctl = out_.control();
   if (ctl->abort_state.load(std::memory_order_relaxed) == 0) {
     const size_t len = std::min(reason.size(), kMaxAbortReason);

@@ -16,10 +16,9 @@ class ShmKind;
 class ShmLink final : public Link {
  public:
   // lane: a point-to-point lane (LinkKind::lane): its messages carry lane_tag(), and its peer's
-  // exit is left to its owner instead of failing its standing receive. out_header: the header of
-  // the segment `out` lies in (SegmentHeader::lane_posts, notices).
-  ShmLink(ShmKind* owner, int peer, Fifo in, Fifo out, SegmentHeader* out_header,
-          bool lane = false);
+  // exit is left to its owner instead of failing its standing receive. out_index: our FIFO's
+  // index in the peer's segment, which is mapped when this link first sends (or fails).
+  ShmLink(ShmKind* owner, int peer, Fifo in, size_t out_index, bool lane = false);
   int peer() const override { return peer_; }
   bool lane() const { return lane_; }
   bool closed() const override { return peer_gone_; }
@@ -108,6 +107,8 @@ class ShmLink final : public Link {
   // Writes n bytes of a message into the next outgoing slot and publishes it.
   void publish(const OpTag& tag, size_t message_bytes, bool first, const char* src, size_t n);
   char* out_slot() const { return out_.data(out_head_); }
+  // Sets out_ and out_header_ from the peer's segment (ShmKind::segment maps it on first use).
+  void bind_out();
   void commit_out(const OpTag& tag, size_t message_bytes, bool first, size_t n);
   [[noreturn]] void peer_failed(const std::string& what);
   void check_gone();
@@ -118,10 +119,12 @@ class ShmLink final : public Link {
   ShmKind* owner_;
   int peer_;
   bool lane_;
-  SegmentHeader* out_header_;
+  // The header of the segment out_ lies in (SegmentHeader::lane_posts, notices); null until bound.
+  SegmentHeader* out_header_ = nullptr;
   OpTag lane_tag_ = lane_tag();
   Fifo in_;                // peer -> us, in our segment
-  Fifo out_;               // us -> peer, in the peer's segment
+  size_t out_index_;       // of out_ in the peer's segment
+  Fifo out_;               // us -> peer, in the peer's segment (bind_out())
   uint64_t in_tail_ = 0;   // our release count (we are the only writer of in.tail)
   uint64_t in_head_ = 0;   // last head seen
   uint64_t out_head_ = 0;  // our publish count (we are the only writer of out.head)
