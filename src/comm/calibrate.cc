@@ -260,12 +260,15 @@ void CommImpl::probe_links(const core::Deadline& deadline) {
     // a step as the algorithms see it, every rank stepping, scheduler rounds included where
     // ranks outnumber cores); the ring on 1 MiB is the bandwidth term 2(N-1)/N K beta on top of
     // its 2(N-1) alphas and (N-1)/N K gammas, which gives beta; Rabenseifner on 1 MiB gives pi.
-    std::vector<float> small(2, 1.0f), bulk(kProbeBulk / sizeof(float), 1.0f);
+    const bool wide = size_ > kRingProbeMaxRanks;
+    // The ring and Rabenseifner reduce their inputs, which must be numbers; a shift only moves
+    // bytes, so it sends from and receives into one buffer left as the allocator gives it: at 256
+    // ranks on two cores filling 2 MiB per rank (and the page faults behind it) took ~1 s.
+    std::vector<float> small(2, 1.0f), bulk(wide ? 0 : kProbeBulk / sizeof(float), 1.0f);
     auto run = [&](algorithms::RunFn fn, std::vector<float>& buf, int reps) {
       return time_probe_allreduce(fn, buf.data(), buf.size(), reps, deadline);
     };
-    const bool wide = size_ > kRingProbeMaxRanks;
-    std::vector<float> shifted(wide ? bulk.size() : 0);
+    std::unique_ptr<char[]> shifted(wide ? new char[kProbeBulk] : nullptr);
     // Seconds per shift of kProbeBulk bytes to the right neighbour (wide communicators).
     auto shift = [&](int reps) {
       const size_t seg = transport_->traits().segment_bytes;
@@ -274,8 +277,8 @@ void CommImpl::probe_links(const core::Deadline& deadline) {
         transport::Completion c;
         for (size_t at = 0; at < kProbeBulk; at += seg) {
           const size_t n = std::min(seg, kProbeBulk - at);
-          right.send(reinterpret_cast<const char*>(bulk.data()) + at, n, &c);
-          left.recv(reinterpret_cast<char*>(shifted.data()) + at, n, &c);
+          right.send(shifted.get() + at, n, &c);
+          left.recv(shifted.get() + at, n, &c);
         }
         transport_->wait(c, deadline);
       }
@@ -297,10 +300,9 @@ void CommImpl::probe_links(const core::Deadline& deadline) {
     // Wide communicators take one batch unless told otherwise: at 256 ranks on two cores each
     // batch took ~0.9 s (every step waits for every rank to be scheduled), and what the probe
     // tells there, steps of milliseconds rather than microseconds, one batch tells as well.
-    const size_t batches =
-        wide && !config_.has("RINGREDUCE_PROBE_BATCHES")
-            ? 1
-            : std::max<size_t>(1, config_.size("RINGREDUCE_PROBE_BATCHES"));
+    const size_t batches = wide && !config_.has("RINGREDUCE_PROBE_BATCHES")
+                               ? 1
+                               : std::max<size_t>(1, config_.size("RINGREDUCE_PROBE_BATCHES"));
     for (size_t b = 0; b < batches; ++b) {
       rd = std::min(rd, run(algorithms::recursive_doubling_allreduce, small, small_rounds));
       ring = std::min(ring, wide ? shift(kProbeBulkRounds)
