@@ -505,6 +505,10 @@ class Launcher {
     size_t common = env.size();
     for (int i = 0; i < 4; ++i) env.emplace_back();
 
+    // Each rank's close-on-exec status pipe, read once every rank is forked: EOF means its
+    // execve succeeded, an errno that it did not. (Waiting for each exec before the next fork
+    // made the launch wait for each child to be scheduled: 5 s for 256 ranks on two cores.)
+    std::vector<ringreduce::core::Fd> statuses;
     for (Rank& r : ranks_) {
       env[common] = "RINGREDUCE_RANK=" + std::to_string(r.index);
       env[common + 1] = "RINGREDUCE_LOCAL_RANK=" + std::to_string(r.index);
@@ -547,17 +551,18 @@ class Launcher {
       out_w.reset();
       err_w.reset();
       status_w.reset();
-
-      // Wait for execve: EOF on the close-on-exec pipe means it succeeded; an errno means it did
-      // not. The child does nothing that can block before that, so this wait is short.
+      statuses.push_back(std::move(status_r));
+    }
+    // The child does nothing that can block before its execve, so these waits are short.
+    for (size_t i = 0; i < statuses.size(); ++i) {
       int child_errno = 0;
       ssize_t n;
       do {
-        n = ::read(status_r.get(), &child_errno, sizeof(child_errno));
+        n = ::read(statuses[i].get(), &child_errno, sizeof(child_errno));
       } while (n < 0 && errno == EINTR);
       if (n > 0) {
-        say("cannot execute '" + args_.command[0] + "' for rank " + std::to_string(r.index) + ": " +
-            std::strerror(child_errno));
+        say("cannot execute '" + args_.command[0] + "' for rank " +
+            std::to_string(ranks_[i].index) + ": " + std::strerror(child_errno));
         return child_errno == ENOENT ? 127 : 126;
       }
     }
