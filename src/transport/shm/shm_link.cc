@@ -128,7 +128,12 @@ void ShmLink::post_recv(RecvKind kind, void* dst, const void* local, size_t byte
   }
   ++op.c->outstanding;
   recvs_.push_back(op);
-  if (recvs_.size() == 1) progress();
+  // Eager, except on a lane that has never received: its first message is found when its peer
+  // counts a post (the owner's poll), and looking now would touch the FIFO's control page, fresh
+  // memory at start-up, for every peer (255 page faults per rank at 256 ranks, for lanes most
+  // of which are never used). A lane in use looks at once: a message's payload may already be
+  // there behind its header, counted in a pass that has gone by.
+  if (recvs_.size() == 1 && (!lane_ || in_tail_ > 0)) progress();
 }
 
 void ShmLink::recv(void* dst, size_t bytes, Completion* c) {
