@@ -356,7 +356,8 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
         StallMonitor::Hooks{stall_store, [this](const transport::OpTag& t) { return describe(t); },
                             [this](const std::string& reason) {
                               transport_->interrupt(reason, static_cast<int>(ErrorCode::mismatch));
-                            }});
+                            }},
+        oversubscribed ? static_cast<int>((local_size + cores - 1) / cores) : 1);
   RR_LOG(info, rank_, "communicator ready: ", size_, " ranks over ", transport_->kinds_text(),
          "; start-up ", ms_since(t_begin), " ms: join ",
          std::chrono::duration_cast<std::chrono::milliseconds>(t_joined - t_begin).count(),

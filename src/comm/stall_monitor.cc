@@ -11,14 +11,23 @@ namespace ringreduce::detail {
 
 using std::chrono::milliseconds;
 
-StallMonitor::StallMonitor(int rank, int size, milliseconds warn_after, Hooks hooks)
+// A rank must have said where it is well before anyone reports on it. A second is long for a
+// collective that is not stuck, and rare enough that the store never notices, while each core has
+// a few ranks. With more, every step of an op waits for its partner's turn on the core (a slice of
+// a few ms per rank sharing it), and a second is what an ordinary op takes: at 256 ranks on two
+// cores every rank published for every op of a second, and the store's thread, one runnable
+// thread among hundreds, left requests unanswered past the monitors' 5 s timeout ("stall reports
+// are unavailable" on dozens of ranks). So one second per 16 ranks sharing a core.
+static milliseconds publish_delay(milliseconds warn_after, int crowding) {
+  const milliseconds base = milliseconds(1000) * std::max(1, (crowding + 15) / 16);
+  return warn_after.count() > 0 ? std::min(base, warn_after / 2) : base;
+}
+
+StallMonitor::StallMonitor(int rank, int size, milliseconds warn_after, Hooks hooks, int crowding)
     : rank_(rank),
       size_(size),
       warn_after_(warn_after),
-      // A rank must have said where it is well before anyone reports on it; a second is long for
-      // a collective that is not stuck, and rare enough that the store never notices.
-      publish_after_(warn_after.count() > 0 ? std::min(milliseconds(1000), warn_after / 2)
-                                            : milliseconds(1000)),
+      publish_after_(publish_delay(warn_after, crowding)),
       // A quarter of that: a mismatch that only the store can show takes about 1.5 s to find.
       tick_(std::max(milliseconds(10), publish_after_ / 4)),
       hooks_(std::move(hooks)) {

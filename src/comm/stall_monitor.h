@@ -17,7 +17,8 @@
 // two cores, where many do, the store drowned.)
 // An op that ends quickly costs the caller three relaxed atomic stores and nothing else: the
 // monitor thread samples the current op every `tick` and measures waits in ticks, so the op path
-// never reads a clock, and the store is touched only by ops that have waited a second.
+// never reads a clock, and the store is touched only by ops that have waited a second (more where
+// many ranks share each core: publish_delay() in the .cc).
 #pragma once
 
 #include <atomic>
@@ -47,8 +48,10 @@ class StallMonitor {
     // Rank `peer` is in the same op with another call (`reason` says which): fail the op.
     std::function<void(const std::string& reason)> mismatch;
   };
-  // warn_after 0: no warnings (the mismatch check still runs).
-  StallMonitor(int rank, int size, std::chrono::milliseconds warn_after, Hooks hooks);
+  // warn_after 0: no warnings (the mismatch check still runs). crowding: this host's ranks per
+  // core, rounded up (1 when there are cores to spare).
+  StallMonitor(int rank, int size, std::chrono::milliseconds warn_after, Hooks hooks,
+               int crowding = 1);
   ~StallMonitor();  // stops the thread; waits at most for one store call in flight
   StallMonitor(const StallMonitor&) = delete;
   StallMonitor& operator=(const StallMonitor&) = delete;
