@@ -1,6 +1,8 @@
 // Calibration at start-up: the link probe (one host) and the network probe (several hosts) that
 // give the tuner its costs, or RINGREDUCE_TUNING_FILE's costs in their place; and tuning(), which
 // writes them in that file's format.
+#include <unistd.h>
+
 #include <fstream>
 #include <sstream>
 
@@ -25,6 +27,8 @@ constexpr int kProbeBulkRounds = 2;
 // in the ring, one step) instead of a ring allreduce (2(N-1) steps): at 256 ranks on two cores
 // the ring probe alone took minutes, every step waiting for every rank to be scheduled.
 constexpr int kRingProbeMaxRanks = 32;
+// Ranks per core from which a wide communicator's bandwidth probe is skipped (probe_links).
+constexpr long kCrowdedRanksPerCore = 8;
 
 // Seconds per byte of the reduce kernel: f32 sum of two cached 32 KiB inputs, 16 at a time (one
 // takes about a microsecond, near the clock's granularity here), best of 4.
@@ -261,6 +265,13 @@ void CommImpl::probe_links(const core::Deadline& deadline) {
     // ranks outnumber cores); the ring on 1 MiB is the bandwidth term 2(N-1)/N K beta on top of
     // its 2(N-1) alphas and (N-1)/N K gammas, which gives beta; Rabenseifner on 1 MiB gives pi.
     const bool wide = size_ > kRingProbeMaxRanks;
+    // Where many ranks share each core a step waits for a scheduler round (ms), and a shift of
+    // 1 MiB, ~0.1 ms of copying, shows nothing but that: at 256 ranks on two cores it measured
+    // 20 ms a shift, so beta was its 5% floor, and its three shifts (first touches of every
+    // rank's ring FIFO among them) took 2-3 s of start-up. Such communicators keep the kind's
+    // default beta. (The probe runs on one host: every rank counts the same ranks and cores.)
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const bool crowded = wide && cores > 0 && size_ >= kCrowdedRanksPerCore * cores;
     // The ring and Rabenseifner reduce their inputs, which must be numbers; a shift only moves
     // bytes, so it sends from and receives into one buffer left as the allocator gives it: at 256
     // ranks on two cores filling 2 MiB per rank (and the page faults behind it) took ~1 s.
@@ -268,7 +279,7 @@ void CommImpl::probe_links(const core::Deadline& deadline) {
     auto run = [&](algorithms::RunFn fn, std::vector<float>& buf, int reps) {
       return time_probe_allreduce(fn, buf.data(), buf.size(), reps, deadline);
     };
-    std::unique_ptr<char[]> shifted(wide ? new char[kProbeBulk] : nullptr);
+    std::unique_ptr<char[]> shifted(wide && !crowded ? new char[kProbeBulk] : nullptr);
     // Seconds per shift of kProbeBulk bytes to the right neighbour (wide communicators).
     auto shift = [&](int reps) {
       const size_t seg = transport_->traits().segment_bytes;
@@ -291,9 +302,9 @@ void CommImpl::probe_links(const core::Deadline& deadline) {
     const int small_rounds = wide ? kProbeSmallRounds / 4 : kProbeSmallRounds;
     // The first runs wake every rank and touch every FIFO slot and the scratch space.
     run(algorithms::recursive_doubling_allreduce, small, wide ? 1 : 4);
-    if (wide)
+    if (wide && !crowded)
       shift(1);
-    else
+    else if (!wide)
       run(algorithms::ring_allreduce, bulk, 2);
     if (!wide) run(algorithms::rabenseifner_allreduce, bulk, 1);
     double rd = 1e9, ring = 1e9, rab = 1e9;
@@ -305,8 +316,9 @@ void CommImpl::probe_links(const core::Deadline& deadline) {
                                : std::max<size_t>(1, config_.size("RINGREDUCE_PROBE_BATCHES"));
     for (size_t b = 0; b < batches; ++b) {
       rd = std::min(rd, run(algorithms::recursive_doubling_allreduce, small, small_rounds));
-      ring = std::min(ring, wide ? shift(kProbeBulkRounds)
-                                 : run(algorithms::ring_allreduce, bulk, kProbeBulkRounds));
+      if (!crowded)
+        ring = std::min(ring, wide ? shift(kProbeBulkRounds)
+                                   : run(algorithms::ring_allreduce, bulk, kProbeBulkRounds));
       if (!wide)
         rab = std::min(rab, run(algorithms::rabenseifner_allreduce, bulk, kProbeBulkRounds));
     }
@@ -318,8 +330,10 @@ void CommImpl::probe_links(const core::Deadline& deadline) {
       const double wire = 2 * (n - 1) / n * k;
       // The ring: its bandwidth term on top of its alphas and its reductions; a shift: one step.
       const double beta =
-          wide ? std::max(ring - alpha, 0.05 * ring) / k
-               : std::max(ring - 2 * (n - 1) * alpha - (n - 1) / n * k * gamma, 0.05 * ring) / wire;
+          crowded ? tuner::Tuner::default_costs(transport_->traits()).link.beta
+          : wide
+              ? std::max(ring - alpha, 0.05 * ring) / k
+              : std::max(ring - 2 * (n - 1) * alpha - (n - 1) / n * k * gamma, 0.05 * ring) / wire;
       // Rabenseifner moves the ring's bytes in fewer steps, but each step's result goes through
       // the output before it is sent on: what it takes beyond the model without that is pi.
       tuner::Costs probe_costs;
