@@ -1,8 +1,10 @@
 // The communicator's start-up: who this rank is (the launcher's variables or the Options), the
 // store, the communicator id, the host identities and the ring's order by host, the links (the
 // transport table), the tuner, the calibration (calibrate.cc) and the stall monitor.
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <optional>
 #include <random>
 
@@ -141,6 +143,30 @@ std::exception_ptr CommImpl::startup_failed(const Error& e, const Options& optio
     }
   }
   return error;
+}
+
+// The descriptors this rank's links will hold: per same-host peer a pidfd, a doorbell and its
+// segment until mapped (and on the host's first rank, or in a mesh, a socket or two more: 4 is the
+// bound); per other-host peer a socket per wire and one for the lane; and a few of its own (store,
+// epoll, listeners). A short soft limit is raised towards the hard one (as ringrun does for
+// itself; the default soft limit, 1,024, holds about 250 same-host peers); where even the hard one
+// is short the rank fails now, naming both, instead of meeting EMFILE halfway through its links.
+void ensure_open_files(size_t shm_peers, size_t tcp_peers, size_t per_tcp_peer) {
+  const rlim_t needed = static_cast<rlim_t>(4 * shm_peers + per_tcp_peer * tcp_peers + 64);
+  rlimit l{};
+  if (getrlimit(RLIMIT_NOFILE, &l) != 0 || l.rlim_cur == RLIM_INFINITY || l.rlim_cur >= needed)
+    return;
+  rlimit raised = l;
+  // With room for the application's own files.
+  const rlim_t want = needed + 256;
+  raised.rlim_cur = l.rlim_max == RLIM_INFINITY ? want : std::min(want, l.rlim_max);
+  if (raised.rlim_cur > l.rlim_cur && setrlimit(RLIMIT_NOFILE, &raised) == 0) l = raised;
+  if (l.rlim_cur < needed)
+    throw Error("its links need about " + std::to_string(needed) + " open files (" +
+                std::to_string(shm_peers) + " same-host peers, " + std::to_string(tcp_peers) +
+                " on other hosts), but its limit is " + std::to_string(l.rlim_cur) +
+                " and the hard limit " + std::to_string(l.rlim_max) +
+                " (raise it with ulimit -Hn, or LimitNOFILE in a systemd unit)");
 }
 
 std::string agreed_settings(const core::Config& config) {
@@ -304,6 +330,13 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
     same_host += hosts[static_cast<size_t>(q)] == hosts[static_cast<size_t>(rank_)] ? 1 : 0;
   if (local_size < 0) local_size = same_host;
   local_size_ = local_size;
+  {
+    const bool shm = config_.str("RINGREDUCE_SHM") != "0";
+    const size_t others = static_cast<size_t>(size_ - 1),
+                 local = static_cast<size_t>(same_host - 1);
+    ensure_open_files(shm ? local : 0, shm ? others - local : others,
+                      static_cast<size_t>(channels * nsocks + 1));
+  }
   ring_order(hosts);
   // More ranks than cores on this host: polling steals the core from the rank that would
   // produce the data, so poll briefly and yield while doing it.
