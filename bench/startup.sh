@@ -62,7 +62,9 @@ for round in $(seq 1 "$ROUNDS"); do
 done
 
 # The table: per library and N, the best round's first allreduce (and the spread over rounds).
-/usr/bin/python3 - "$csv" "$OUT/startup.md" "$PNG" <<'EOF'
+# The plot says where and when it was measured: machine, cores, date, version.
+caption="$(uname -n), $(nproc) cores, $(date -u +%F), git $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+/usr/bin/python3 - "$csv" "$OUT/startup.md" "$PNG" "$caption" <<'EOF'
 import csv, sys
 rows = [r for r in csv.DictReader(open(sys.argv[1])) if r["check"] == "ok"]
 by = {}
@@ -94,11 +96,12 @@ for lib in sorted({k[0] for k in by}):
         ax[1].plot(ns, req, "o-", label=lib)
 for a in ax:
     a.set_xscale("log", base=2)
-    a.set_xlabel("ranks on one host (2 cores)")
+    a.set_xlabel("ranks on one host")
     a.legend()
     a.grid(True, alpha=0.3)
 ax[0].set_ylabel("launch to first allreduce done (s, best of rounds)")
 ax[1].set_ylabel("store requests per rank")
+fig.suptitle("start-up: " + sys.argv[4])
 fig.tight_layout()
 fig.savefig(sys.argv[3], dpi=100)
 print("plot:", sys.argv[3])
