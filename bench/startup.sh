@@ -5,20 +5,23 @@
 # the store served, per rank. With -g, torch's gloo backend does the same through
 # bench/torch_startup.py (init_process_group + one allreduce + barrier) at the sizes in -G.
 # Rounds are interleaved (N1 N2 ... then again); the table keeps the best and the spread.
+# With -c HOSTS, ringreduce's ranks are spread over HOSTS emulated hosts instead (scripts/cluster,
+# 10 Gbit/s links; root): N/HOSTS per host, shared memory within a host and TCP between them,
+# launched by `scripts/cluster run` (no store counts: rank 0 hosts the store).
 #
 # usage: bench/startup.sh [-N "16 32 64 128 256"] [-r ROUNDS] [-g] [-G "16 32 64"]
-#                         [-o OUTDIR] [-p PNG] [-B BUILD_DIR]
+#                         [-c HOSTS] [-o OUTDIR] [-p PNG] [-B BUILD_DIR]
 # Writes OUTDIR/startup.csv, OUTDIR/startup.md and, with python3-matplotlib, the plot PNG
 # (default docs/startup.png).
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-NS="16 32 64 128 256" ROUNDS=3 GLOO=0 GLOO_NS="16 32 64" OUT=/tmp/startup-$(date +%Y%m%d-%H%M%S)
+NS="16 32 64 128 256" ROUNDS=3 GLOO=0 GLOO_NS="16 32 64" HOSTS=0 OUT=/tmp/startup-$(date +%Y%m%d-%H%M%S)
 PNG=$ROOT/docs/startup.png BUILD=$ROOT/build
 while [ $# -gt 0 ]; do
   case "$1" in
     -N) NS=$2; shift 2 ;; -r) ROUNDS=$2; shift 2 ;; -g) GLOO=1; shift ;; -G) GLOO_NS=$2; shift 2 ;;
-    -o) OUT=$2; shift 2 ;; -p) PNG=$2; shift 2 ;; -B) BUILD=$2; shift 2 ;;
-    -h | --help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -c) HOSTS=$2; shift 2 ;; -o) OUT=$2; shift 2 ;; -p) PNG=$2; shift 2 ;; -B) BUILD=$2; shift 2 ;;
+    -h | --help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
@@ -28,6 +31,12 @@ PROG=$BUILD/bench/ringreduce-startup
 mkdir -p "$OUT"
 # Every rank holds a few descriptors per same-host peer.
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+if [ "$HOSTS" -gt 0 ]; then
+  # A cluster of its own, taken down on the way out.
+  export CLUSTER_NAME=rrsb
+  trap '"$ROOT/scripts/cluster" down >/dev/null 2>&1' EXIT
+  "$ROOT/scripts/cluster" up "$HOSTS" --rate 10gbit || exit 1
+fi
 csv=$OUT/startup.csv
 echo "lib,n,round,ready_s,first_allreduce_s,last_start_s,wall_s,store_requests,requests_per_rank,check" >"$csv"
 
@@ -36,6 +45,8 @@ run_one() {
   local lib=$1 n=$2 round=$3 t0 t1 out line req="" per="" wall
   local cmd=("$RINGRUN" -n "$n" --store-stats --timeout 300 -- "$PROG")
   [ "$lib" = gloo ] && cmd=("$RINGRUN" -n "$n" --timeout 300 -- /usr/bin/python3 "$ROOT/bench/torch_startup.py")
+  [ "$HOSTS" -gt 0 ] && [ "$lib" != gloo ] &&
+    lib="ringreduce-${HOSTS}hosts" cmd=("$ROOT/scripts/cluster" run --ranks-per-host $((n / HOSTS)) --timeout 300 -- "$PROG")
   t0=$(date +%s.%N)
   out=$("${cmd[@]}" 2>&1)
   local rc=$?
@@ -63,7 +74,9 @@ done
 
 # The table: per library and N, the best round's first allreduce (and the spread over rounds).
 # The plot says where and when it was measured: machine, cores, date, version.
-caption="$(uname -n), $(nproc) cores, $(date -u +%F), git $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+where="$(uname -n), $(nproc) cores"
+[ "$HOSTS" -gt 0 ] && where="$where, $HOSTS emulated hosts at 10 Gbit/s"
+caption="$where, $(date -u +%F), git $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 /usr/bin/python3 - "$csv" "$OUT/startup.md" "$PNG" "$caption" <<'EOF'
 import csv, sys
 rows = [r for r in csv.DictReader(open(sys.argv[1])) if r["check"] == "ok"]
@@ -87,20 +100,24 @@ except ImportError:
     print("(no plot: python3-matplotlib is not installed)")
     sys.exit(0)
 fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+# Store requests where the store counted them (ringrun's); else when the last process started.
+has_req = any(r["requests_per_rank"] for rs in by.values() for r in rs)
 for lib in sorted({k[0] for k in by}):
     ns = sorted(n for (l, n) in by if l == lib)
     best = [min(float(r["first_allreduce_s"]) for r in by[(lib, n)]) for n in ns]
     ax[0].plot(ns, best, "o-", label=lib)
-    if lib == "ringreduce":
-        req = [float(min(by[(lib, n)], key=lambda r: float(r["first_allreduce_s"]))["requests_per_rank"]) for n in ns]
-        ax[1].plot(ns, req, "o-", label=lib)
+    best_rows = [min(by[(lib, n)], key=lambda r: float(r["first_allreduce_s"])) for n in ns]
+    if has_req and lib == "ringreduce":
+        ax[1].plot(ns, [float(r["requests_per_rank"]) for r in best_rows], "o-", label=lib)
+    elif not has_req:
+        ax[1].plot(ns, [float(r["last_start_s"]) for r in best_rows], "o-", label=lib)
 for a in ax:
     a.set_xscale("log", base=2)
-    a.set_xlabel("ranks on one host")
+    a.set_xlabel("ranks")
     a.legend()
     a.grid(True, alpha=0.3)
 ax[0].set_ylabel("launch to first allreduce done (s, best of rounds)")
-ax[1].set_ylabel("store requests per rank")
+ax[1].set_ylabel("store requests per rank" if has_req else "last process started (s, same rounds)")
 fig.suptitle("start-up: " + sys.argv[4])
 fig.tight_layout()
 fig.savefig(sys.argv[3], dpi=100)
