@@ -462,8 +462,14 @@ struct ExecPlan {
 
 class Launcher {
  public:
-  Launcher(const Args& args, std::string path, int port, int signal_fd, const ExecPlan& plan_base)
-      : args_(args), path_(std::move(path)), port_(port), signal_fd_(signal_fd), plan_(plan_base) {
+  Launcher(const Args& args, std::string path, ringreduce::rendezvous::TcpStoreServer& store,
+           int signal_fd, const ExecPlan& plan_base)
+      : args_(args),
+        path_(std::move(path)),
+        store_(store),
+        port_(store.port()),
+        signal_fd_(signal_fd),
+        plan_(plan_base) {
     ranks_.resize(static_cast<size_t>(args.n));
     for (int i = 0; i < args.n; ++i) {
       ranks_[i].index = i;
@@ -662,6 +668,8 @@ class Launcher {
   // TERM, and CONT so that a stopped rank can act on it; SIGKILL follows after the grace.
   void begin_shutdown(Clock::time_point now) {
     if (phase_ != Phase::running) return;
+    // The ranks' store connections will break off mid-request: the reason is said already.
+    store_.quiet();
     signal_all(SIGTERM);
     signal_all(SIGCONT);
     phase_ = Phase::terminating;
@@ -669,6 +677,7 @@ class Launcher {
   }
 
   void kill_now(Clock::time_point now) {
+    store_.quiet();
     signal_all(SIGKILL);
     phase_ = Phase::killing;
     phase_deadline_ = now + kKillWait;
@@ -786,6 +795,7 @@ class Launcher {
 
   const Args& args_;
   std::string path_;
+  ringreduce::rendezvous::TcpStoreServer& store_;
   int port_;
   int signal_fd_;
   ExecPlan plan_;
@@ -871,7 +881,7 @@ int run(int argc, char** argv) {
   ringreduce::rendezvous::TcpStoreServer store("127.0.0.1", 0,
                                                ringreduce::core::Config().str("RINGREDUCE_TOKEN"));
   // Declared after the store: ranks are killed and reaped before the store they use goes away.
-  Launcher launcher(*args, *path, store.port(), signal_fd.get(), plan);
+  Launcher launcher(*args, *path, store, signal_fd.get(), plan);
   if (int rc = launcher.start(); rc != 0) return rc;
   const int rc = launcher.run();
   if (args->store_stats) {

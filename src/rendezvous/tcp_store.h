@@ -32,6 +32,9 @@ class TcpStoreServer {
     uint64_t connections = 0;
   };
   Stats stats() const;
+  // From now on, clients that drop off in the middle of a message are not warned about: the
+  // owner is ending the job (ringrun killing its ranks) and knows why.
+  void quiet();
 
  private:
   struct Impl;

@@ -166,13 +166,20 @@ class StoreEngine {
   void respond(Conn& c, wire::Status status, const std::vector<uint8_t>& payload);
   void arm(Clock::time_point t) { next_timer_check = std::min(next_timer_check, t); }
   void warn(const std::string& what) const {
-    if (log_drops_) RR_LOG(warn, -1, where, ": ", what);
+    if (log_drops_ && !quiet.load(std::memory_order_relaxed)) RR_LOG(warn, -1, where, ": ", what);
   }
 
   const std::string token_;
   const milliseconds stall_timeout_;
   const milliseconds handshake_limit_;
   const bool log_drops_;
+
+ public:
+  // Set by the owner when it ends the job itself (ringrun killing its ranks): clients that break
+  // off then are expected, not news.
+  std::atomic<bool> quiet{false};
+
+ private:
   uint64_t next_id_;
   std::unordered_map<std::string, std::vector<uint8_t>> data_;
   // Key -> connections parked until it is set.
@@ -919,6 +926,10 @@ TcpStoreServer::~TcpStoreServer() = default;
 
 int TcpStoreServer::port() const {
   return impl_->bound_port;
+}
+
+void TcpStoreServer::quiet() {
+  impl_->quiet.store(true, std::memory_order_relaxed);
 }
 
 TcpStoreServer::Stats TcpStoreServer::stats() const {
