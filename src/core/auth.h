@@ -1,9 +1,9 @@
-// Shared-token authentication: an HMAC-SHA256 challenge-response (OpenSSL's libcrypto; no crypto
-// of our own). Each side of a connection sends a fresh random nonce; each proves it holds the
-// token by sending HMAC(token, role label | context | the peer's nonce | its own nonce). The role
-// label keeps a proof from being reflected back as the other side's (a stranger echoing what it
-// received proves nothing), and the nonces keep a recorded proof from being replayed on a new
-// connection. The token itself never crosses the wire.
+// Shared-token authentication: an HMAC-SHA256 challenge-response (OpenSSL's libcrypto, loaded on
+// first use; no crypto of our own). Each side of a connection sends a fresh random nonce; each
+// proves it holds the token by sending HMAC(token, role label | context | the peer's nonce | its
+// own nonce). The role label keeps a proof from being reflected back as the other side's (a
+// stranger echoing what it received proves nothing), and the nonces keep a recorded proof from
+// being replayed on a new connection. The token itself never crosses the wire.
 //
 // Used by the TCP store (rendezvous/) and the data connections (transport/), each with its own
 // labels. Without a token set, no connection is authenticated (the behaviour before issue 6).
@@ -23,7 +23,8 @@ constexpr size_t kProofBytes = 32;  // SHA-256
 using Nonce = std::array<uint8_t, kNonceBytes>;
 using Proof = std::array<uint8_t, kProofBytes>;
 
-// A fresh nonce from OpenSSL's CSPRNG; throws ringreduce::Error if it cannot give one.
+// A fresh nonce from the kernel's CSPRNG (getrandom); throws ringreduce::Error if it cannot give
+// one.
 Nonce random_nonce();
 
 // HMAC-SHA256 keyed by `token` over: label, a zero byte, context, peer_nonce, own_nonce.
@@ -33,6 +34,9 @@ Proof make_proof(std::string_view token, std::string_view label, std::span<const
                  const Nonce& peer_nonce, const Nonce& own_nonce);
 
 // Compares in constant time, so that timing does not leak how much of a guess was right.
+// Whether libcrypto is in the process: the first make_proof() loads it (auth.cc says why not at
+// start).
+bool crypto_loaded();
 bool proofs_equal(const Proof& a, const Proof& b);
 bool proofs_equal(const Proof& a, std::span<const uint8_t> b);
 

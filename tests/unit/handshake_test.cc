@@ -44,6 +44,15 @@ HelloReader::State feed(HelloReader& r, const std::vector<uint8_t>& msg, size_t 
   return r.state();
 }
 
+// libcrypto is loaded by the first proof, not at start (auth.cc): a job without a token never pays
+// for it. (ctest runs each test in a process of its own; run alone, this one starts clean.)
+TEST(Auth, LibcryptoIsLoadedByTheFirstProofOnly) {
+  const auth::Nonce a = auth::random_nonce(), b = auth::random_nonce();
+  EXPECT_FALSE(auth::crypto_loaded());
+  auth::make_proof("tok", "label", std::vector<uint8_t>{}, a, b);
+  EXPECT_TRUE(auth::crypto_loaded());
+}
+
 TEST(Auth, ProofsDependOnEveryInput) {
   const auth::Nonce a = auth::random_nonce(), b = auth::random_nonce();
   EXPECT_NE(a, b);
