@@ -20,6 +20,9 @@ namespace {
 // every process ~4 ms of its start (a program that only exits: 2.1 ms alone, 6.2 ms linked with
 // it), one second of CPU at 256 ranks. The headers still give the functions' types; the soname
 // is the major version the build compiled against (systemd loads its optional libraries so).
+#ifndef OPENSSL_VERSION_MAJOR
+#error "OpenSSL 3 or later is needed (its libcrypto's soname is named from OPENSSL_VERSION_MAJOR)"
+#endif
 #define RR_STR2(x) #x
 #define RR_STR(x) RR_STR2(x)
 constexpr const char* kLibcrypto = "libcrypto.so." RR_STR(OPENSSL_VERSION_MAJOR);
@@ -74,12 +77,17 @@ bool crypto_loaded() {
   return h != nullptr;
 }
 
-Proof make_proof(std::string_view token, std::string_view label, std::span<const uint8_t> context,
-                 const Nonce& peer_nonce, const Nonce& own_nonce) {
+void require_crypto() {
   const Libcrypto& lib = libcrypto();
   if (!lib.hmac)
     throw Error(std::string("authentication: RINGREDUCE_TOKEN needs OpenSSL's ") + kLibcrypto +
                 " (Debian: libssl3), which could not be loaded: " + lib.error);
+}
+
+Proof make_proof(std::string_view token, std::string_view label, std::span<const uint8_t> context,
+                 const Nonce& peer_nonce, const Nonce& own_nonce) {
+  require_crypto();
+  const Libcrypto& lib = libcrypto();
   std::vector<uint8_t> msg;
   msg.reserve(label.size() + 1 + context.size() + 2 * kNonceBytes);
   msg.insert(msg.end(), label.begin(), label.end());

@@ -33,10 +33,14 @@ Nonce random_nonce();
 Proof make_proof(std::string_view token, std::string_view label, std::span<const uint8_t> context,
                  const Nonce& peer_nonce, const Nonce& own_nonce);
 
-// Compares in constant time, so that timing does not leak how much of a guess was right.
+// Loads libcrypto now (make_proof() would on first use), or throws ringreduce::Error naming it:
+// where a token is set, a missing library is said at start-up, not deep in a connection's hello.
+void require_crypto();
 // Whether libcrypto is in the process: the first make_proof() loads it (auth.cc says why not at
 // start).
 bool crypto_loaded();
+
+// Compares in constant time, so that timing does not leak how much of a guess was right.
 bool proofs_equal(const Proof& a, const Proof& b);
 bool proofs_equal(const Proof& a, std::span<const uint8_t> b);
 

@@ -166,7 +166,7 @@ class StoreEngine {
   void respond(Conn& c, wire::Status status, const std::vector<uint8_t>& payload);
   void arm(Clock::time_point t) { next_timer_check = std::min(next_timer_check, t); }
   void warn(const std::string& what) const {
-    if (log_drops_ && !quiet.load(std::memory_order_relaxed)) RR_LOG(warn, -1, where, ": ", what);
+    if (log_drops_) RR_LOG(warn, -1, where, ": ", what);
   }
 
   const std::string token_;
@@ -565,7 +565,7 @@ void StoreEngine::sent(Conn& c, size_t n) {
 
 void StoreEngine::drop(Conn& c, const std::string& why) {
   if (c.dead) return;
-  warn("dropping client " + c.peer + ": " + why);
+  if (!quiet.load(std::memory_order_relaxed)) warn("dropping client " + c.peer + ": " + why);
   c.dead = true;
 }
 
@@ -695,6 +695,8 @@ milliseconds stall_timeout_setting() {
 TcpStoreServer::Impl::Impl(const std::string& host, int port, const std::string& token,
                            milliseconds stall_timeout)
     : StoreEngine(token, stall_timeout, /*log_drops=*/true, kFirstConnId) {
+  // Proofs are made in the serving thread, where a missing libcrypto would only drop clients.
+  if (!token.empty()) core::auth::require_crypto();
   if (port < 0 || port > 65535)
     throw InvalidArgument("TCP store: port " + std::to_string(port) + " is not in 0..65535");
 
