@@ -1,6 +1,7 @@
 // The communicator's start-up: who this rank is (the launcher's variables or the Options), the
 // store, the communicator id, the host identities and the ring's order by host, the links (the
 // transport table), the tuner, the calibration (calibrate.cc) and the stall monitor.
+#include <dirent.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -145,14 +146,28 @@ std::exception_ptr CommImpl::startup_failed(const Error& e, const Options& optio
   return error;
 }
 
+namespace {
+
+size_t open_descriptors() {
+  size_t n = 0;
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (readdir(d) != nullptr) ++n;
+    closedir(d);
+    n = n > 3 ? n - 3 : 0;  // ".", ".." and the directory's own
+  }
+  return n;
+}
+
 // The descriptors this rank's links will hold: per same-host peer a pidfd, a doorbell and its
 // segment until mapped (and on the host's first rank, or in a mesh, a socket or two more: 4 is the
-// bound); per other-host peer a socket per wire and one for the lane; and a few of its own (store,
-// epoll, listeners). A short soft limit is raised towards the hard one (as ringrun does for
-// itself; the default soft limit, 1,024, holds about 250 same-host peers); where even the hard one
-// is short the rank fails now, naming both, instead of meeting EMFILE halfway through its links.
+// bound); per other-host peer a socket per wire and one for the lane; and some of its own (store,
+// epoll, listeners): beside those already open (the application's, another communicator's). A
+// short soft limit is raised towards the hard one (as ringrun does for itself; the default soft
+// limit, 1,024, holds about 250 same-host peers); where even the hard one is short the rank fails
+// now, naming both, instead of meeting EMFILE halfway through its links.
 void ensure_open_files(size_t shm_peers, size_t tcp_peers, size_t per_tcp_peer) {
-  const rlim_t needed = static_cast<rlim_t>(4 * shm_peers + per_tcp_peer * tcp_peers + 64);
+  const size_t links = 4 * shm_peers + per_tcp_peer * tcp_peers + 32, open = open_descriptors();
+  const rlim_t needed = static_cast<rlim_t>(links + open);
   rlimit l{};
   if (getrlimit(RLIMIT_NOFILE, &l) != 0 || l.rlim_cur == RLIM_INFINITY || l.rlim_cur >= needed)
     return;
@@ -162,12 +177,15 @@ void ensure_open_files(size_t shm_peers, size_t tcp_peers, size_t per_tcp_peer) 
   raised.rlim_cur = l.rlim_max == RLIM_INFINITY ? want : std::min(want, l.rlim_max);
   if (raised.rlim_cur > l.rlim_cur && setrlimit(RLIMIT_NOFILE, &raised) == 0) l = raised;
   if (l.rlim_cur < needed)
-    throw Error("its links need about " + std::to_string(needed) + " open files (" +
+    throw Error("its links need about " + std::to_string(links) + " open files (" +
                 std::to_string(shm_peers) + " same-host peers, " + std::to_string(tcp_peers) +
-                " on other hosts), but its limit is " + std::to_string(l.rlim_cur) +
+                " on other hosts) beside the " + std::to_string(open) +
+                " it has open, but its limit is " + std::to_string(l.rlim_cur) +
                 " and the hard limit " + std::to_string(l.rlim_max) +
                 " (raise it with ulimit -Hn, or LimitNOFILE in a systemd unit)");
 }
+
+}  // namespace
 
 std::string agreed_settings(const core::Config& config) {
   // The settings that decide the plans and the links: a difference would otherwise show later
@@ -340,8 +358,10 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
   ring_order(hosts);
   // More ranks than cores on this host: polling steals the core from the rank that would
   // produce the data, so poll briefly and yield while doing it.
-  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  const bool oversubscribed = local_size > 0 && cores > 0 && local_size > cores;
+  const long cores = cores_ = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+  const bool oversubscribed = local_size > 0 && local_size > cores;
+  // Ranks per core on this host, rounded up (1 with cores to spare).
+  const int crowding = oversubscribed ? static_cast<int>((local_size + cores - 1) / cores) : 1;
   transport::ConnectArgs args;
   args.rank = rank_;
   args.size = size_;
@@ -364,8 +384,7 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
   args.check_failed = [&startup = *startup_store_] { startup.throw_if_failed(); };
   args.listeners = listeners ? &*listeners : nullptr;
   // Enough yields for every rank that shares this core to run twice.
-  if (oversubscribed)
-    args.engine.max_idle_yields = 4 * static_cast<int>((local_size + cores - 1) / cores);
+  if (oversubscribed) args.engine.max_idle_yields = 4 * crowding;
   // Every rank routes each pair alike (the transport table over the same host identities):
   // shared memory between the ranks of a host, TCP between hosts.
   transport_ = transport::connect(args, startup, deadline);
@@ -390,7 +409,7 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
                             [this](const std::string& reason) {
                               transport_->interrupt(reason, static_cast<int>(ErrorCode::mismatch));
                             }},
-        oversubscribed ? static_cast<int>((local_size + cores - 1) / cores) : 1);
+        crowding);
   RR_LOG(info, rank_, "communicator ready: ", size_, " ranks over ", transport_->kinds_text(),
          "; start-up ", ms_since(t_begin), " ms: join ",
          std::chrono::duration_cast<std::chrono::milliseconds>(t_joined - t_begin).count(),
