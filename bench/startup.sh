@@ -31,7 +31,12 @@ PROG=$BUILD/bench/ringreduce-startup
 mkdir -p "$OUT"
 # Every rank holds a few descriptors per same-host peer.
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+[[ $HOSTS =~ ^[0-9]+$ ]] || { echo "startup: -c wants a number of hosts, not '$HOSTS'" >&2; exit 2; }
 if [ "$HOSTS" -gt 0 ]; then
+  for n in $NS; do
+    [ $((n % HOSTS)) -eq 0 ] && [ "$n" -ge "$HOSTS" ] ||
+      { echo "startup: $n ranks do not split evenly over $HOSTS hosts" >&2; exit 2; }
+  done
   # A cluster of its own, taken down on the way out.
   export CLUSTER_NAME=rrsb
   trap '"$ROOT/scripts/cluster" down >/dev/null 2>&1' EXIT
@@ -75,7 +80,7 @@ done
 # The table: per library and N, the best round's first allreduce (and the spread over rounds).
 # The plot says where and when it was measured: machine, cores, date, version.
 where="$(uname -n), $(nproc) cores"
-[ "$HOSTS" -gt 0 ] && where="$where, $HOSTS emulated hosts at 10 Gbit/s"
+[ "$HOSTS" -gt 0 ] && where="$where, ringreduce over $HOSTS emulated hosts at 10 Gbit/s"
 caption="$where, $(date -u +%F), git $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 /usr/bin/python3 - "$csv" "$OUT/startup.md" "$PNG" "$caption" <<'EOF'
 import csv, sys

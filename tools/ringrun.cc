@@ -481,6 +481,7 @@ class Launcher {
 
   // The safety net for early exits (exceptions, a failed exec): nothing outlives ringrun.
   ~Launcher() {
+    store_.quiet();
     signal_all(SIGKILL);
     reap_all(std::chrono::seconds(2));
   }
@@ -732,6 +733,7 @@ class Launcher {
         say(signal_name(sig) + " received, forwarding it to the ranks" +
             (sig == SIGINT ? " (a second SIGINT kills them)" : ""));
         if (interrupted_by_ == 0) interrupted_by_ = sig;
+        store_.quiet();
         signal_all(sig);
       }
     }

@@ -1,8 +1,6 @@
 // Calibration at start-up: the link probe (one host) and the network probe (several hosts) that
 // give the tuner its costs, or RINGREDUCE_TUNING_FILE's costs in their place; and tuning(), which
 // writes them in that file's format.
-#include <unistd.h>
-
 #include <fstream>
 #include <sstream>
 
@@ -222,6 +220,7 @@ std::optional<tuner::Costs> CommImpl::tuning_file_costs(const std::string& kind)
 }
 
 void CommImpl::probe_links(const core::Deadline& deadline) {
+  const tuner::Costs defaults = tuner::Tuner::default_costs(transport_->traits());
   transport::OpTag zero;  // as in probe_network: no op has it, and op lines show it
   zero.root = 0;
   transport_->begin_op(zero);
@@ -258,6 +257,7 @@ void CommImpl::probe_links(const core::Deadline& deadline) {
                           config_.str("RINGREDUCE_TUNING_FILE") +
                           "' could not be used on rank 0 (rank 0's error says why)");
   const bool from_file = v[0] > 0;
+  bool crowded = false;  // beta was not measured (below)
   if (!from_file) {
     // The probe runs three of the algorithms themselves, on the op-less zero tag: recursive
     // doubling on 8 bytes is lg N dependent exchange steps and nothing else (alpha: the time of
@@ -270,8 +270,7 @@ void CommImpl::probe_links(const core::Deadline& deadline) {
     // 20 ms a shift, so beta was its 5% floor, and its three shifts (first touches of every
     // rank's ring FIFO among them) took 2-3 s of start-up. Such communicators keep the kind's
     // default beta. (The probe runs on one host: every rank counts the same ranks and cores.)
-    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    const bool crowded = wide && cores > 0 && size_ >= kCrowdedRanksPerCore * cores;
+    crowded = wide && size_ >= kCrowdedRanksPerCore * cores_;
     // The ring and Rabenseifner reduce their inputs, which must be numbers; a shift only moves
     // bytes, so it sends from and receives into one buffer left as the allocator gives it: at 256
     // ranks on two cores filling 2 MiB per rank (and the page faults behind it) took ~1 s.
@@ -330,7 +329,7 @@ void CommImpl::probe_links(const core::Deadline& deadline) {
       const double wire = 2 * (n - 1) / n * k;
       // The ring: its bandwidth term on top of its alphas and its reductions; a shift: one step.
       const double beta =
-          crowded ? tuner::Tuner::default_costs(transport_->traits()).link.beta
+          crowded ? defaults.link.beta
           : wide
               ? std::max(ring - alpha, 0.05 * ring) / k
               : std::max(ring - 2 * (n - 1) * alpha - (n - 1) / n * k * gamma, 0.05 * ring) / wire;
@@ -346,7 +345,7 @@ void CommImpl::probe_links(const core::Deadline& deadline) {
       model.n = size_;
       const double pi =
           wide
-              ? tuner::Tuner::default_costs(transport_->traits()).pi
+              ? defaults.pi
               : std::max(0.0, rab - algorithms::rabenseifner_allreduce_cost(model, k, 0)) / stepped;
       v[1] = alpha;
       v[2] = beta;
@@ -355,7 +354,7 @@ void CommImpl::probe_links(const core::Deadline& deadline) {
     }
     pass(v);
   }
-  tuner::Costs costs = tuner::Tuner::default_costs(transport_->traits());
+  tuner::Costs costs = defaults;
   costs.link.alpha = v[1];
   costs.link.beta = v[2];
   if (v[3] > 0) costs.gamma = v[3];
@@ -363,9 +362,12 @@ void CommImpl::probe_links(const core::Deadline& deadline) {
   tuner_->set_costs(costs);
   cost_kind_ = transport_->traits().name;
   RR_LOG(info, rank_, "links (", cost_kind_, ", ",
-         from_file ? "from RINGREDUCE_TUNING_FILE" : "measured", "): step latency ",
-         costs.link.alpha * 1e6, " us, ", 1e-9 / costs.link.beta, " GB/s per link; reduce ",
-         1e-9 / costs.gamma, " GB/s; unfused steps +", costs.pi * 1e12, " ps/B");
+         from_file ? "from RINGREDUCE_TUNING_FILE"
+         : crowded ? "measured; beta the default, as ranks crowd the cores"
+                   : "measured",
+         "): step latency ", costs.link.alpha * 1e6, " us, ", 1e-9 / costs.link.beta,
+         " GB/s per link; reduce ", 1e-9 / costs.gamma, " GB/s; unfused steps +", costs.pi * 1e12,
+         " ps/B");
 }
 
 std::string CommImpl::tuning() const {

@@ -209,6 +209,7 @@ class CommImpl {
   std::function<std::shared_ptr<Store>()> stall_store_;  // a client for the stall monitor
   std::string store_host_;
   int local_size_ = -1;
+  long cores_ = 1;       // this host's online cores (start-up's idle policy, stall monitor, probe)
   uint64_t splits_ = 0;  // split() calls so far: the same on every rank
   std::unique_ptr<transport::Engine> transport_;
   std::unique_ptr<tuner::Tuner> tuner_;

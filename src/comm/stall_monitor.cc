@@ -17,7 +17,8 @@ using std::chrono::milliseconds;
 // a few ms per rank sharing it), and a second is what an ordinary op takes: at 256 ranks on two
 // cores every rank published for every op of a second, and the store's thread, one runnable
 // thread among hundreds, left requests unanswered past the monitors' 5 s timeout ("stall reports
-// are unavailable" on dozens of ranks). So one second per 16 ranks sharing a core.
+// are unavailable" on dozens of ranks). So one second per 16 ranks sharing a core, and at most
+// half of RINGREDUCE_STALL_WARN (30 s by default), so that a rank has spoken before the reports.
 static milliseconds publish_delay(milliseconds warn_after, int crowding) {
   const milliseconds base = milliseconds(1000) * std::max(1, (crowding + 15) / 16);
   return warn_after.count() > 0 ? std::min(base, warn_after / 2) : base;
@@ -28,7 +29,8 @@ StallMonitor::StallMonitor(int rank, int size, milliseconds warn_after, Hooks ho
       size_(size),
       warn_after_(warn_after),
       publish_after_(publish_delay(warn_after, crowding)),
-      // A quarter of that: a mismatch that only the store can show takes about 1.5 s to find.
+      // A quarter of that: a mismatch that only the store can show takes about 1.5 publish delays
+      // to find (1.5 s where cores are to spare).
       tick_(std::max(milliseconds(10), publish_after_ / 4)),
       hooks_(std::move(hooks)) {
   thread_ = std::thread([this] { loop(); });

@@ -32,8 +32,8 @@ class TcpStoreServer {
     uint64_t connections = 0;
   };
   Stats stats() const;
-  // From now on, clients that drop off in the middle of a message are not warned about: the
-  // owner is ending the job (ringrun killing its ranks) and knows why.
+  // From now on, the clients it drops (one that broke off in the middle of a message, say) are not
+  // warned about: the owner is ending the job (ringrun killing its ranks) and knows why.
   void quiet();
 
  private:
