@@ -864,19 +864,11 @@ int run(int argc, char** argv) {
   // Per rank: two pipe ends here and one store connection, plus slack. Raise the soft limit if
   // needed; the ranks get the original back.
   ::getrlimit(RLIMIT_NOFILE, &plan.nofile);
-  rlim_t needed = static_cast<rlim_t>(3 * args->n + 64);
-  if (plan.nofile.rlim_cur != RLIM_INFINITY && plan.nofile.rlim_cur < needed) {
-    rlimit raised = plan.nofile;
-    raised.rlim_cur =
-        plan.nofile.rlim_max == RLIM_INFINITY ? needed : std::min(needed, plan.nofile.rlim_max);
-    ::setrlimit(RLIMIT_NOFILE, &raised);
-    rlimit now{};
-    ::getrlimit(RLIMIT_NOFILE, &now);
-    if (now.rlim_cur < needed) {
-      say("-n " + std::to_string(args->n) + " needs about " + std::to_string(needed) +
-          " open files, but the limit is " + std::to_string(now.rlim_cur) + " (see ulimit -n)");
-      return 1;
-    }
+  const rlim_t needed = static_cast<rlim_t>(3 * args->n + 64);
+  if (const rlim_t now = ringreduce::core::raise_open_files_limit(needed, needed); now < needed) {
+    say("-n " + std::to_string(args->n) + " needs about " + std::to_string(needed) +
+        " open files, but the limit is " + std::to_string(now) + " (see ulimit -n)");
+    return 1;
   }
 
   // The ranks inherit RINGREDUCE_TOKEN from this environment and prove it to this store.

@@ -168,21 +168,16 @@ size_t open_descriptors() {
 void ensure_open_files(size_t shm_peers, size_t tcp_peers, size_t per_tcp_peer) {
   const size_t links = 4 * shm_peers + per_tcp_peer * tcp_peers + 32, open = open_descriptors();
   const rlim_t needed = static_cast<rlim_t>(links + open);
-  rlimit l{};
-  if (getrlimit(RLIMIT_NOFILE, &l) != 0 || l.rlim_cur == RLIM_INFINITY || l.rlim_cur >= needed)
-    return;
-  rlimit raised = l;
   // With room for the application's own files.
-  const rlim_t want = needed + 256;
-  raised.rlim_cur = l.rlim_max == RLIM_INFINITY ? want : std::min(want, l.rlim_max);
-  if (raised.rlim_cur > l.rlim_cur && setrlimit(RLIMIT_NOFILE, &raised) == 0) l = raised;
-  if (l.rlim_cur < needed)
-    throw Error("its links need about " + std::to_string(links) + " open files (" +
-                std::to_string(shm_peers) + " same-host peers, " + std::to_string(tcp_peers) +
-                " on other hosts) beside the " + std::to_string(open) +
-                " it has open, but its limit is " + std::to_string(l.rlim_cur) +
-                " and the hard limit " + std::to_string(l.rlim_max) +
-                " (raise it with ulimit -Hn, or LimitNOFILE in a systemd unit)");
+  if (core::raise_open_files_limit(needed, needed + 256) >= needed) return;
+  rlimit l{};
+  getrlimit(RLIMIT_NOFILE, &l);
+  throw Error("its links need about " + std::to_string(links) + " open files (" +
+              std::to_string(shm_peers) + " same-host peers, " + std::to_string(tcp_peers) +
+              " on other hosts) beside the " + std::to_string(open) +
+              " it has open, but its limit is " + std::to_string(l.rlim_cur) +
+              " and the hard limit " + std::to_string(l.rlim_max) +
+              " (raise it with ulimit -Hn, or LimitNOFILE in a systemd unit)");
 }
 
 }  // namespace

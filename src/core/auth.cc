@@ -77,17 +77,22 @@ bool crypto_loaded() {
   return h != nullptr;
 }
 
-void require_crypto() {
+// The loaded library, or an Error naming it.
+static const Libcrypto& loaded_libcrypto() {
   const Libcrypto& lib = libcrypto();
   if (!lib.hmac)
     throw Error(std::string("authentication: RINGREDUCE_TOKEN needs OpenSSL's ") + kLibcrypto +
                 " (Debian: libssl3), which could not be loaded: " + lib.error);
+  return lib;
+}
+
+void require_crypto() {
+  loaded_libcrypto();
 }
 
 Proof make_proof(std::string_view token, std::string_view label, std::span<const uint8_t> context,
                  const Nonce& peer_nonce, const Nonce& own_nonce) {
-  require_crypto();
-  const Libcrypto& lib = libcrypto();
+  const Libcrypto& lib = loaded_libcrypto();
   std::vector<uint8_t> msg;
   msg.reserve(label.size() + 1 + context.size() + 2 * kNonceBytes);
   msg.insert(msg.end(), label.begin(), label.end());

@@ -145,6 +145,9 @@ class StoreEngine {
   // What it has served, for TcpStoreServer::stats() (read from other threads).
   std::atomic<uint64_t> requests_served{0};
   std::atomic<uint64_t> connections_accepted{0};
+  // Set by the owner when it ends the job itself (ringrun killing its ranks): the clients dropped
+  // then are expected, not news.
+  std::atomic<bool> quiet{false};
   Clock::time_point next_timer_check = Clock::time_point::max();
   std::string where = "TCP store";
 
@@ -173,13 +176,6 @@ class StoreEngine {
   const milliseconds stall_timeout_;
   const milliseconds handshake_limit_;
   const bool log_drops_;
-
- public:
-  // Set by the owner when it ends the job itself (ringrun killing its ranks): clients that break
-  // off then are expected, not news.
-  std::atomic<bool> quiet{false};
-
- private:
   uint64_t next_id_;
   std::unordered_map<std::string, std::vector<uint8_t>> data_;
   // Key -> connections parked until it is set.
