@@ -1,17 +1,28 @@
-// ringrun: the local launcher.
+// ringrun: the launcher, for one host or for one host's share of a job over several.
 //
-//   ringrun -n N [--timeout SECONDS] [--bind core|none] [--store-stats] [--] program [args...]
+//   ringrun -n N [--nnodes K --node-rank I --master HOST:PORT] [--timeout SECONDS]
+//           [--bind core|none] [--store-stats] [--] program [args...]
 //
 // Starts N processes of program on this host, each told its place by RINGREDUCE_RANK,
-// RINGREDUCE_WORLD_SIZE, RINGREDUCE_LOCAL_RANK, RINGREDUCE_LOCAL_SIZE and RINGREDUCE_ADDR, and
-// hosts the rendezvous TCP store itself (RINGREDUCE_STORE_SERVER=0 tells rank 0 not to). The
-// store listens on port 0 and its real port is handed to the ranks, so there is no window in
-// which another process could take a port we picked.
+// RINGREDUCE_WORLD_SIZE, RINGREDUCE_LOCAL_RANK, RINGREDUCE_LOCAL_SIZE and RINGREDUCE_ADDR (and
+// torchrun's variables), and the ringrun of node 0 hosts the rendezvous TCP store itself
+// (RINGREDUCE_STORE_SERVER=0 tells rank 0 not to).
+//  * Alone (K = 1, no --master), the store listens on 127.0.0.1 port 0 and its real port is
+//    handed to the ranks, so there is no window in which another process could take a port we
+//    picked.
+//  * Over K hosts, one ringrun runs on each, and node I's ranks are I*N .. I*N+N-1 of K*N. The
+//    store's address must be known to every node in advance, hence --master: node 0 listens on
+//    it, the other nodes start no store and their ranks connect to it, whichever starts first
+//    (the ranks' store client retries until RINGREDUCE_TIMEOUT, see connect_with_retry in
+//    rendezvous/tcp_store_client.cc). Each ringrun knows only its own ranks: a failure on one
+//    node ends the others' ranks through the library (a lost peer, the store gone), not through
+//    ringrun.
+// The options and the usage text are in ringrun_args.{h,cc}.
 //
 // Invariants the rest of this file keeps:
 //  * Every rank's stdout and stderr come back through a pipe and leave ringrun one whole line at
-//    a time, prefixed "[rank] ", with one write() per batch of whole lines: since ringrun is the
-//    only writer, lines of different ranks never interleave mid-line.
+//    a time, prefixed "[rank] " with its global rank, with one write() per batch of whole lines:
+//    since ringrun is the only writer, lines of different ranks never interleave mid-line.
 //  * Each rank leads its own process group, so a signal to -pid reaches whatever it spawned.
 //    Ranks that have exited stay unreaped zombies (waitid WNOWAIT) until the very end: a zombie
 //    keeps its pid, hence its group id, from being reused, so signalling -pid can never hit an
@@ -38,7 +49,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -52,6 +62,7 @@
 #include "core/config.h"
 #include "core/fd.h"
 #include "rendezvous/tcp_store.h"
+#include "ringrun_args.h"
 
 extern char** environ;
 
@@ -59,7 +70,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr int kMaxRanks = 1024;
+using ringrun::Args;
+
 // How long ranks get between SIGTERM and SIGKILL when ringrun tears the job down.
 constexpr auto kGrace = std::chrono::seconds(3);
 // How long SIGKILLed ranks may take to disappear before ringrun stops waiting for them (a process
@@ -72,29 +84,6 @@ constexpr size_t kReadChunk = 64 * 1024;
 // A "line" longer than this is emitted in pieces, each with its prefix, so memory stays bounded
 // whatever a rank writes.
 constexpr size_t kMaxLine = 64 * 1024;
-
-const char kUsage[] =
-    "usage: ringrun -n N [--timeout SECONDS] [--bind core|none] [--store-stats] [--] program "
-    "[args...]\n"
-    "\n"
-    "Starts N local ranks of program and hosts their rendezvous store on 127.0.0.1.\n"
-    "Each rank gets RINGREDUCE_RANK, RINGREDUCE_WORLD_SIZE, RINGREDUCE_LOCAL_RANK,\n"
-    "RINGREDUCE_LOCAL_SIZE, RINGREDUCE_ADDR=127.0.0.1:PORT and RINGREDUCE_STORE_SERVER=0,\n"
-    "and torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1\n"
-    "and MASTER_PORT (a free port unless set), for torch.distributed's env:// rendezvous;\n"
-    "its output lines are prefixed with \"[rank] \". Stdin of every rank is /dev/null.\n"
-    "With RINGREDUCE_TOKEN set, the store serves only ranks that prove they hold it\n"
-    "(the ranks inherit it).\n"
-    "\n"
-    "  -n N                number of ranks, 1..1024\n"
-    "  --timeout SECONDS   kill the job if it is still running after SECONDS\n"
-    "  --bind core|none    pin rank i to the i-th usable core, round robin (default core)\n"
-    "  --store-stats       at the end, say how many requests the store served\n"
-    "  -h, --help          print this text\n"
-    "\n"
-    "Exit status: 0 if every rank exited 0; else the first failing rank's code (128+signal\n"
-    "if it was killed); 124 on timeout; 128+signal if ringrun was interrupted; 2 on bad\n"
-    "usage; 126/127 if the program cannot be executed / is not found.\n";
 
 // A pipe whose ends are close-on-exec: a rank must hold no end but its own, or another rank's
 // stdout would never reach EOF.
@@ -167,7 +156,8 @@ struct Stream {
 };
 
 struct Rank {
-  int index = 0;
+  int index = 0;         // local rank: where it is in ranks_, which core it gets
+  int global = 0;        // RINGREDUCE_RANK: what the prefix and ringrun's messages call it
   pid_t pid = -1;        // also its process group id; -1 before fork or after reaping
   bool running = false;  // forked and not yet seen exiting
   Stream out, err;
@@ -207,106 +197,23 @@ Pump pump(Stream& s, const std::string& prefix) {
   return Pump::more;
 }
 
-struct Args {
-  int n = 0;
-  // Pinning ranks to cores, as mpirun does by default: unpinned, the scheduler's wake-affine
-  // placement often stacks two communicating ranks on one core (a socket wake-up pulls the woken
-  // rank next to its waker) while the other core idles, and they then take turns on it.
-  bool bind = true;
-  std::optional<double> timeout_s;
-  std::string timeout_text;
-  bool store_stats = false;
-  std::vector<std::string> command;
-};
-
-// Strict decimal integer: no sign, no spaces, no trailing garbage.
-std::optional<long> parse_int(const std::string& s) {
-  if (s.empty() || s.size() > 9) return std::nullopt;
-  long v = 0;
-  for (char c : s) {
-    if (c < '0' || c > '9') return std::nullopt;
-    v = v * 10 + (c - '0');
-  }
-  return v;
-}
-
-std::optional<double> parse_seconds(const std::string& s) {
-  if (s.empty()) return std::nullopt;
-  char* end = nullptr;
-  errno = 0;
-  double v = std::strtod(s.c_str(), &end);
-  if (errno != 0 || end != s.c_str() + s.size() || !std::isfinite(v) || v <= 0 || v > 1e8)
-    return std::nullopt;
-  return v;
-}
-
-// Returns the parsed arguments, or an exit status: 0 after --help, 2 after a usage error.
+// Parses the command line (ringrun_args.cc); returns the arguments, or an exit status: 0 after
+// --help, 2 after a usage error.
 std::optional<Args> parse_args(int argc, char** argv, int* status) {
-  Args a;
-  bool have_n = false;
-  auto fail = [&](const std::string& why) {
-    g_err.write("ringrun: " + why + "\n" + kUsage);
-    *status = 2;
-    return std::nullopt;
-  };
-  int i = 1;
-  for (; i < argc; ++i) {
-    std::string arg = argv[i];
-    std::optional<std::string> value;
-    std::string name = arg;
-    if (arg == "--") {
-      ++i;
-      break;
-    } else if (arg == "-h" || arg == "--help") {
-      g_out.write(kUsage);
+  ringrun::Parsed p = ringrun::parse_args(argc, argv);
+  switch (p.kind) {
+    case ringrun::Parsed::Kind::run:
+      return std::move(p.args);
+    case ringrun::Parsed::Kind::help:
+      g_out.write(ringrun::kUsage);
       *status = 0;
       return std::nullopt;
-    } else if (arg == "--bind" || arg.rfind("--bind=", 0) == 0) {
-      std::string v;
-      if (arg == "--bind") {
-        if (i + 1 >= argc) return fail("--bind needs a value");
-        v = argv[++i];
-      } else {
-        v = arg.substr(7);
-      }
-      if (v != "core" && v != "none") return fail("--bind must be core or none, not '" + v + "'");
-      a.bind = v == "core";
-      continue;
-    } else if (arg == "--store-stats") {
-      a.store_stats = true;
-      continue;
-    } else if (arg.rfind("--timeout=", 0) == 0) {
-      name = "--timeout";
-      value = arg.substr(10);
-    } else if (arg.rfind("-n", 0) == 0 && arg.size() > 2 && arg != "-n") {
-      name = "-n";
-      value = arg.substr(arg[2] == '=' ? 3 : 2);
-    } else if (arg == "-n" || arg == "--timeout") {
-      if (i + 1 >= argc) return fail(arg + " needs a value");
-      value = argv[++i];
-    } else if (!arg.empty() && arg[0] == '-') {
-      return fail("unknown option '" + arg + "'");
-    } else {
-      break;  // the program
-    }
-    if (name == "-n") {
-      auto v = parse_int(*value);
-      if (!v || *v < 1 || *v > kMaxRanks)
-        return fail("-n must be an integer from 1 to " + std::to_string(kMaxRanks) + ", not '" +
-                    *value + "'");
-      a.n = static_cast<int>(*v);
-      have_n = true;
-    } else {
-      a.timeout_s = parse_seconds(*value);
-      if (!a.timeout_s)
-        return fail("--timeout needs a positive number of seconds, not '" + *value + "'");
-      a.timeout_text = *value;
-    }
+    case ringrun::Parsed::Kind::usage_error:
+      break;
   }
-  if (!have_n) return fail("-n N is required");
-  if (i >= argc) return fail("no program given");
-  for (; i < argc; ++i) a.command.emplace_back(argv[i]);
-  return a;
+  g_err.write("ringrun: " + p.error + "\n" + ringrun::kUsage);
+  *status = 2;
+  return std::nullopt;
 }
 
 // Finds the program the way execvp would, but before any fork: the answer can then be reported
@@ -377,11 +284,16 @@ const char* const kOwnVariables[] = {
     "MASTER_PORT",
 };
 
-// A port for torch's store (MASTER_PORT), which rank 0's torch.distributed binds itself: one
-// the kernel hands out for port 0 and we release at once. Unlike ringrun's own store port, another
-// process could take it in between; a user who cannot have that sets MASTER_PORT.
-int torch_master_port() {
+// A port for torch's store (MASTER_PORT), which rank 0's torch.distributed binds itself on
+// MASTER_ADDR, so it cannot be the port of ringrun's store. A MASTER_PORT the user set is passed
+// on (over several nodes, the user sets the same one on each).
+// With --master, every node must arrive at the same port without asking the others: the one next
+// to the store's (above it, or below 65535). Alone: one the kernel hands out for port 0 and we
+// release at once. Unlike ringrun's own store port, another process could take either in between;
+// a user who cannot have that sets MASTER_PORT.
+int torch_master_port(const Args& args) {
   if (const char* p = std::getenv("MASTER_PORT"); p != nullptr && *p != '\0') return std::atoi(p);
+  if (args.master) return args.master_port < 65535 ? args.master_port + 1 : args.master_port - 1;
   ringreduce::core::Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -462,26 +374,29 @@ struct ExecPlan {
 
 class Launcher {
  public:
-  Launcher(const Args& args, std::string path, ringreduce::rendezvous::TcpStoreServer& store,
-           int signal_fd, const ExecPlan& plan_base)
+  // store: the store ringrun hosts, or nullptr on a node other than 0, whose ranks use the one
+  // at store_addr that node 0's ringrun hosts.
+  Launcher(const Args& args, std::string path, ringreduce::rendezvous::TcpStoreServer* store,
+           std::string store_addr, int signal_fd, const ExecPlan& plan_base)
       : args_(args),
         path_(std::move(path)),
         store_(store),
-        port_(store.port()),
+        store_addr_(std::move(store_addr)),
         signal_fd_(signal_fd),
         plan_(plan_base) {
     ranks_.resize(static_cast<size_t>(args.n));
     for (int i = 0; i < args.n; ++i) {
       ranks_[i].index = i;
+      ranks_[i].global = args.first_rank() + i;
       ranks_[i].out.sink = &g_out;
       ranks_[i].err.sink = &g_err;
-      prefixes_.push_back("[" + std::to_string(i) + "] ");
+      prefixes_.push_back("[" + std::to_string(ranks_[i].global) + "] ");
     }
   }
 
   // The safety net for early exits (exceptions, a failed exec): nothing outlives ringrun.
   ~Launcher() {
-    store_.quiet();
+    quiet_store();
     signal_all(SIGKILL);
     reap_all(std::chrono::seconds(2));
   }
@@ -501,14 +416,16 @@ class Launcher {
     argv.push_back(nullptr);
 
     std::vector<std::string> env = inherited_environment();
-    env.push_back("RINGREDUCE_WORLD_SIZE=" + std::to_string(args_.n));
+    const std::string world = std::to_string(args_.world_size());
+    env.push_back("RINGREDUCE_WORLD_SIZE=" + world);
     env.push_back("RINGREDUCE_LOCAL_SIZE=" + std::to_string(args_.n));
-    env.push_back("RINGREDUCE_ADDR=127.0.0.1:" + std::to_string(port_));
+    env.push_back("RINGREDUCE_ADDR=" + store_addr_);
     env.push_back("RINGREDUCE_STORE_SERVER=0");
-    env.push_back("WORLD_SIZE=" + std::to_string(args_.n));
+    env.push_back("WORLD_SIZE=" + world);
     env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(args_.n));
-    env.push_back("MASTER_ADDR=127.0.0.1");
-    env.push_back("MASTER_PORT=" + std::to_string(torch_master_port()));
+    // torchrun passes an IPv6 MASTER_ADDR bare, without the brackets of --master.
+    env.push_back("MASTER_ADDR=" + (args_.master ? args_.master_host : std::string("127.0.0.1")));
+    env.push_back("MASTER_PORT=" + std::to_string(torch_master_port(args_)));
     size_t common = env.size();
     for (int i = 0; i < 4; ++i) env.emplace_back();
 
@@ -517,9 +434,9 @@ class Launcher {
     // made the launch wait for each child to be scheduled: 5 s for 256 ranks on two cores.)
     std::vector<ringreduce::core::Fd> statuses;
     for (Rank& r : ranks_) {
-      env[common] = "RINGREDUCE_RANK=" + std::to_string(r.index);
+      env[common] = "RINGREDUCE_RANK=" + std::to_string(r.global);
       env[common + 1] = "RINGREDUCE_LOCAL_RANK=" + std::to_string(r.index);
-      env[common + 2] = "RANK=" + std::to_string(r.index);
+      env[common + 2] = "RANK=" + std::to_string(r.global);
       env[common + 3] = "LOCAL_RANK=" + std::to_string(r.index);
       std::vector<char*> envp;
       for (auto& e : env) envp.push_back(e.data());
@@ -547,7 +464,7 @@ class Launcher {
 
       pid_t pid = ::fork();
       if (pid < 0) {
-        say("fork failed for rank " + std::to_string(r.index) + ": " + std::strerror(errno));
+        say("fork failed for rank " + std::to_string(r.global) + ": " + std::strerror(errno));
         return 1;
       }
       if (pid == 0) exec_child(plan, envp.data());
@@ -569,7 +486,7 @@ class Launcher {
       } while (n < 0 && errno == EINTR);
       if (n > 0) {
         say("cannot execute '" + args_.command[0] + "' for rank " +
-            std::to_string(ranks_[i].index) + ": " + std::strerror(child_errno));
+            std::to_string(ranks_[i].global) + ": " + std::strerror(child_errno));
         return child_errno == ENOENT ? 127 : 126;
       }
     }
@@ -637,6 +554,10 @@ class Launcher {
  private:
   enum class Phase { running, terminating, killing };
 
+  void quiet_store() {
+    if (store_ != nullptr) store_->quiet();
+  }
+
   int running_count() const {
     int n = 0;
     for (const Rank& r : ranks_) n += r.running ? 1 : 0;
@@ -652,7 +573,7 @@ class Launcher {
   std::vector<int> running_ranks() const {
     std::vector<int> out;
     for (const Rank& r : ranks_)
-      if (r.running) out.push_back(r.index);
+      if (r.running) out.push_back(r.global);
     return out;
   }
 
@@ -670,7 +591,7 @@ class Launcher {
   void begin_shutdown(Clock::time_point now) {
     if (phase_ != Phase::running) return;
     // The ranks' store connections will break off mid-request: the reason is said already.
-    store_.quiet();
+    quiet_store();
     signal_all(SIGTERM);
     signal_all(SIGCONT);
     phase_ = Phase::terminating;
@@ -678,7 +599,7 @@ class Launcher {
   }
 
   void kill_now(Clock::time_point now) {
-    store_.quiet();
+    quiet_store();
     signal_all(SIGKILL);
     phase_ = Phase::killing;
     phase_deadline_ = now + kKillWait;
@@ -733,7 +654,7 @@ class Launcher {
         say(signal_name(sig) + " received, forwarding it to the ranks" +
             (sig == SIGINT ? " (a second SIGINT kills them)" : ""));
         if (interrupted_by_ == 0) interrupted_by_ = sig;
-        store_.quiet();
+        quiet_store();
         signal_all(sig);
       }
     }
@@ -770,7 +691,7 @@ class Launcher {
       // consequence, and the exit status stays 128 + that interrupt.
       if (code != 0 && phase_ == Phase::running) {
         bool caused_by_us = interrupted_by_ != 0 && si.si_code != CLD_EXITED;
-        if (!caused_by_us) say("rank " + std::to_string(r.index) + " " + how);
+        if (!caused_by_us) say("rank " + std::to_string(r.global) + " " + how);
         if (interrupted_by_ == 0) exit_code_ = code;
         begin_shutdown(now);
       }
@@ -797,8 +718,8 @@ class Launcher {
 
   const Args& args_;
   std::string path_;
-  ringreduce::rendezvous::TcpStoreServer& store_;
-  int port_;
+  ringreduce::rendezvous::TcpStoreServer* store_;  // nullptr: node 0's ringrun hosts it
+  std::string store_addr_;
   int signal_fd_;
   ExecPlan plan_;
   std::vector<int> cores_ = usable_cores();
@@ -861,25 +782,36 @@ int run(int argc, char** argv) {
   ::sigaction(SIGPIPE, &ign, &plan.sigpipe);
   ::sigaction(SIGCHLD, &dfl, &plan.sigchld);
 
-  // Per rank: two pipe ends here and one store connection, plus slack. Raise the soft limit if
-  // needed; the ranks get the original back.
+  // Per local rank two pipe ends here, and per rank of the whole job one store connection where
+  // the store is, plus slack. Raise the soft limit if needed; the ranks get the original back.
   ::getrlimit(RLIMIT_NOFILE, &plan.nofile);
-  const rlim_t needed = static_cast<rlim_t>(3 * args->n + 64);
+  const rlim_t needed =
+      static_cast<rlim_t>(2 * args->n + (args->hosts_store() ? args->world_size() : 0) + 64);
   if (const rlim_t now = ringreduce::core::raise_open_files_limit(needed, needed); now < needed) {
-    say("-n " + std::to_string(args->n) + " needs about " + std::to_string(needed) +
-        " open files, but the limit is " + std::to_string(now) + " (see ulimit -n)");
+    say("-n " + std::to_string(args->n) +
+        (args->nnodes > 1 ? " --nnodes " + std::to_string(args->nnodes) : std::string()) +
+        " needs about " + std::to_string(needed) + " open files, but the limit is " +
+        std::to_string(now) + " (see ulimit -n)");
     return 1;
   }
 
-  // The ranks inherit RINGREDUCE_TOKEN from this environment and prove it to this store.
-  ringreduce::rendezvous::TcpStoreServer store("127.0.0.1", 0,
-                                               ringreduce::core::Config().str("RINGREDUCE_TOKEN"));
+  // Node 0 hosts the store: alone on loopback, port 0 (its real port goes to the ranks); over
+  // several nodes on --master's address, the one the other nodes' ranks were told. The ranks
+  // inherit RINGREDUCE_TOKEN from this environment and prove it to this store.
+  std::optional<ringreduce::rendezvous::TcpStoreServer> store;
+  std::string store_addr = args->master.value_or("");
+  if (args->hosts_store()) {
+    store.emplace(args->master ? args->master_host : "127.0.0.1", args->master_port,
+                  ringreduce::core::Config().str("RINGREDUCE_TOKEN"));
+    if (!args->master) store_addr = "127.0.0.1:" + std::to_string(store->port());
+  }
   // Declared after the store: ranks are killed and reaped before the store they use goes away.
-  Launcher launcher(*args, *path, store, signal_fd.get(), plan);
+  Launcher launcher(*args, *path, store ? &*store : nullptr, store_addr, signal_fd.get(), plan);
   if (int rc = launcher.start(); rc != 0) return rc;
   const int rc = launcher.run();
-  if (args->store_stats) {
-    const auto served = store.stats();
+  // Elsewhere than node 0 there is no store to count; the usage text says so.
+  if (args->store_stats && store) {
+    const auto served = store->stats();
     say("the store served " + std::to_string(served.requests) + " requests over " +
         std::to_string(served.connections) + " connections");
   }

@@ -11,6 +11,9 @@
 //   rank_helper on-term             on SIGTERM print "got SIGTERM" and exit 0; else sleep 60 s
 //   rank_helper on-int              on SIGINT print "got SIGINT" and keep sleeping (60 s)
 //   rank_helper barrier             add() barrier across all ranks through RINGREDUCE_ADDR
+//   rank_helper allreduce           Communicator::from_env, then one allreduce whose every element
+//                                   is checked; prints "allreduce ok rank=R world=W", exits 1 if
+//                                   any element is wrong
 // Options after the mode's arguments:
 //   --ignore-term                   ignore SIGTERM (only the launcher's SIGKILL can end it)
 //   --grandchild                    fork a child that sleeps 60 s and print "grandchild=PID"
@@ -24,6 +27,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,6 +35,7 @@
 #include "core/config.h"
 #include "rendezvous/tcp_store.h"
 #include "ringreduce/error.h"
+#include "ringreduce/ringreduce.hpp"
 
 namespace {
 
@@ -97,6 +102,33 @@ int barrier() {
   int64_t total = store->add("barrier/arrived", 0);
   put(1, "barrier passed total=" + std::to_string(total) + "\n");
   return total == world ? 0 : 1;
+}
+
+// The library end to end over whatever ringrun gave this rank (e.g. one of several ringruns of a
+// multi-node job): rank r contributes (r + 1) * (i % 7 + 1) at element i, small integers whose
+// float sum is exact, so every element has one right answer.
+int allreduce() {
+  using namespace std::chrono_literals;
+  ringreduce::Options o;
+  o.timeout = 30s;  // the tests' own limits are shorter: a hang fails there, not here
+  auto comm = ringreduce::Communicator::from_env(o);
+  const int rank = comm.rank(), world = comm.size();
+  constexpr size_t kCount = 100000;
+  std::vector<float> buf(kCount);
+  for (size_t i = 0; i < kCount; ++i)
+    buf[i] = static_cast<float>((rank + 1) * static_cast<int>(i % 7 + 1));
+  comm.allreduce(std::span<float>(buf), ringreduce::ReduceOp::sum);
+  const int sum_of_factors = world * (world + 1) / 2;
+  for (size_t i = 0; i < kCount; ++i) {
+    const float want = static_cast<float>(sum_of_factors * static_cast<int>(i % 7 + 1));
+    if (buf[i] != want) {
+      put(1, "allreduce wrong at " + std::to_string(i) + ": " + std::to_string(buf[i]) +
+                 " instead of " + std::to_string(want) + "\n");
+      return 1;
+    }
+  }
+  put(1, "allreduce ok rank=" + std::to_string(rank) + " world=" + std::to_string(world) + "\n");
+  return 0;
 }
 
 }  // namespace
@@ -192,6 +224,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (mode == "barrier") return barrier();
+    if (mode == "allreduce") return allreduce();
   } catch (const std::exception& e) {
     put(2, std::string("rank_helper: ") + e.what() + "\n");
     return 1;

@@ -1,10 +1,14 @@
 // Runs the built ringrun on rank_helper and checks what a user of the launcher relies on: the
 // environment each rank sees, whole prefixed lines, exit statuses, signal forwarding, timeouts,
-// the grace before SIGKILL, that no process outlives ringrun, and that the store it hosts works.
+// the grace before SIGKILL, that no process outlives ringrun, that the store it hosts works, and
+// that two ringruns (--nnodes 2) make one job.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -14,6 +18,8 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -540,6 +546,145 @@ TEST(Ringrun, UnexecutableProgramIsAClearError) {
   EXPECT_NE(r.err().find(std::string("ringrun: cannot execute '") + path + "' for rank 0"),
             std::string::npos)
       << r.err();
+}
+
+// A port nobody listens on right now: the kernel's pick for port 0, released at once. Another
+// process may take it before ringrun binds it; the test that uses it retries then.
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+// One ringrun of a --nnodes 2 job of 2 ranks per node, started with RINGREDUCE_HOST_ID naming
+// its node so that the library treats the two as separate hosts (shared memory within a node,
+// TCP between them), as on a real cluster.
+std::unique_ptr<Ringrun> start_node(int node, int port, std::vector<std::string> helper_args) {
+  const std::string host_id = "ringrun-test-node" + std::to_string(node);
+  ::setenv("RINGREDUCE_HOST_ID", host_id.c_str(), 1);
+  auto r = std::make_unique<Ringrun>(
+      ringrun_args(2, std::move(helper_args),
+                   {"--nnodes", "2", "--node-rank", std::to_string(node), "--master",
+                    "127.0.0.1:" + std::to_string(port), "--timeout", "30"}));
+  ::unsetenv("RINGREDUCE_HOST_ID");
+  return r;
+}
+
+TEST(Ringrun, TwoNodesMakeOneJob) {
+  // Node 1 starts first: its ranks must wait for node 0's store (the store client retries), as
+  // on a cluster where the hosts start in any order.
+  for (int attempt = 1;; ++attempt) {
+    const int port = free_port();
+    ASSERT_GT(port, 0);
+    auto node1 = start_node(1, port, {"allreduce"});
+    ::poll(nullptr, 0, 300);
+    auto node0 = start_node(0, port, {"allreduce"});
+    ASSERT_TRUE(node0->finish(40s)) << node0->err();
+    if (node0->code() == 1 && node0->err().find("cannot listen") != std::string::npos &&
+        attempt < 5)
+      continue;  // someone took the port in between; node1 and its ranks are killed here
+    ASSERT_TRUE(node1->finish(40s)) << node1->err();
+    EXPECT_EQ(node0->code(), 0) << node0->out() << node0->err();
+    EXPECT_EQ(node1->code(), 0) << node1->out() << node1->err();
+    for (int rank = 0; rank < 4; ++rank) {
+      const Ringrun& node = rank < 2 ? *node0 : *node1;
+      const std::string want =
+          "[" + std::to_string(rank) + "] allreduce ok rank=" + std::to_string(rank) + " world=4\n";
+      EXPECT_EQ(node.count_out(want), 1) << node.out() << node.err();
+    }
+    break;
+  }
+}
+
+TEST(Ringrun, NodeRanksGetGlobalRanksAndTheMastersAddress) {
+  // Node 1 hosts no store: its ranks only need to be told where node 0's is, so this needs no
+  // node 0. An IPv6 master: RINGREDUCE_ADDR as given, MASTER_ADDR bare as torchrun has it, and
+  // MASTER_PORT next to the store's port, which torch's rank 0 binds itself.
+  ::unsetenv("MASTER_PORT");
+  Ringrun r(
+      {"-n", "3", "--nnodes", "4", "--node-rank", "1", "--master", "[::1]:29500", "--", "sh", "-c",
+       "echo RINGREDUCE $RINGREDUCE_RANK $RINGREDUCE_WORLD_SIZE $RINGREDUCE_LOCAL_RANK "
+       "$RINGREDUCE_LOCAL_SIZE $RINGREDUCE_ADDR $RINGREDUCE_STORE_SERVER; "
+       "echo TORCH $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT"});
+  ASSERT_TRUE(r.finish(20s)) << r.err();
+  EXPECT_EQ(r.code(), 0) << r.err();
+  for (int local = 0; local < 3; ++local) {
+    const std::string g = std::to_string(3 + local), l = std::to_string(local);
+    EXPECT_EQ(r.count_out("[" + g + "] RINGREDUCE " + g + " 12 " + l + " 3 [::1]:29500 0\n"), 1)
+        << r.out();
+    EXPECT_EQ(r.count_out("[" + g + "] TORCH " + g + " 12 " + l + " 3 ::1 29501\n"), 1) << r.out();
+  }
+  EXPECT_EQ(lines_of(r.out()).size(), 6u) << r.out();
+}
+
+TEST(Ringrun, NodeOptionsBadUsageExits2) {
+  // Each case: the arguments before the program, and what the one-line message must name.
+  const std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>> cases = {
+      {{"-n", "2", "--nnodes", "2", "--node-rank", "2", "--master", "127.0.0.1:29500"},
+       {"--node-rank", "'2'"}},
+      {{"-n", "2", "--node-rank", "1"}, {"--node-rank", "'1'"}},
+      {{"-n", "2", "--nnodes", "2", "--node-rank", "1"}, {"--nnodes 2", "--master"}},
+      {{"-n", "2", "--nnodes", "2", "--master", "127.0.0.1"}, {"--master", "'127.0.0.1'"}},
+      {{"-n", "2", "--nnodes", "2", "--master", "127.0.0.1:0"}, {"--master", "'127.0.0.1:0'"}},
+      {{"-n", "2", "--nnodes=2", "--master=[::1]"}, {"--master", "'[::1]'"}},
+      {{"-n", "2", "--nnodes", "2", "--master", "host:port"}, {"--master", "host:port"}},
+      {{"-n", "2", "--nnodes", "2", "--master", "[::1:29500"}, {"--master", "[::1:29500"}},
+      {{"-n", "2", "--nnodes", "0"}, {"--nnodes", "'0'"}},
+      {{"-n", "2", "--nnodes", "two"}, {"--nnodes", "'two'"}},
+      {{"-n", "2", "--node-rank", "-1"}, {"--node-rank", "'-1'"}},
+      {{"-n", "1024", "--nnodes", "65", "--master", "127.0.0.1:29500"},
+       {"-n 1024", "--nnodes 65", "66560", "65536"}},
+  };
+  for (const auto& [args, names] : cases) {
+    std::vector<std::string> argv = args;
+    argv.push_back(RANK_HELPER_PATH);
+    argv.push_back("env");
+    std::string joined;
+    for (const auto& a : args) joined += a + " ";
+    Ringrun r(argv);
+    ASSERT_TRUE(r.finish(10s)) << joined;
+    EXPECT_EQ(r.code(), 2) << joined << "\n" << r.err();
+    const std::string first = r.err().substr(0, r.err().find('\n'));
+    EXPECT_EQ(first.rfind("ringrun: ", 0), 0u) << joined << "\n" << r.err();
+    for (const auto& name : names)
+      EXPECT_NE(first.find(name), std::string::npos) << joined << ": '" << name << "' not in\n"
+                                                     << first;
+    EXPECT_NE(r.err().find("usage: ringrun"), std::string::npos) << joined;
+    EXPECT_EQ(r.out(), "") << joined;
+  }
+}
+
+TEST(Ringrun, NodeOptionsAtTheirLimits) {
+  // 65536 ranks is the largest world, here one on each of 65536 nodes; the last node's is 65535.
+  // Only the environment is printed, so no node 0 and no store are needed.
+  Ringrun r({"-n", "1", "--nnodes", "65536", "--node-rank", "65535", "--master", "localhost:65535",
+             RANK_HELPER_PATH, "env"});
+  ASSERT_TRUE(r.finish(10s)) << r.err();
+  EXPECT_EQ(r.code(), 0) << r.err();
+  EXPECT_EQ(r.out(),
+            "[65535] rank=65535 world=65536 local_rank=0 local_size=1 addr=localhost:65535 "
+            "store_server=0\n");
+  // --nnodes 1 with an explicit node rank and master: a one-node job whose store listens there.
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  Ringrun one({"-n", "2", "--nnodes", "1", "--node-rank", "0", "--master",
+               "127.0.0.1:" + std::to_string(port), "--timeout", "30", RANK_HELPER_PATH,
+               "barrier"});
+  ASSERT_TRUE(one.finish(40s)) << one.err();
+  // The port may have been taken in between; then the failure must say so.
+  if (one.code() != 0)
+    EXPECT_NE(one.err().find("cannot listen"), std::string::npos) << one.out() << one.err();
+  else
+    EXPECT_EQ(one.count_out("barrier passed total=2\n"), 2) << one.out();
 }
 
 }  // namespace
