@@ -322,7 +322,7 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
   std::optional<transport::Listeners> listeners;
   std::vector<std::string> published;
   if (size_ > 1) {
-    listeners.emplace(config_, token);
+    listeners.emplace(config_, token, store_host);
     rendezvous::JoinRecord record;
     record.rank = rank_;
     record.world_size = size_;

@@ -45,8 +45,8 @@ bool tcp_can_link(const ConnectArgs&, int) {
   return true;
 }
 
-std::unique_ptr<LinkKind> tcp_connect(const ConnectArgs& a, const std::vector<int>& peers,
-                                      Store& store, const core::Deadline& deadline) {
+std::unique_ptr<LinkKind> tcp_connect(const ConnectArgs& a, const std::vector<int>& peers, Store&,
+                                      const core::Deadline&) {
   const core::Config& config = *a.config;
   tcp::TcpOptions o;
   o.rank = a.rank;
@@ -61,6 +61,16 @@ std::unique_ptr<LinkKind> tcp_connect(const ConnectArgs& a, const std::vector<in
   o.congestion = config.str("RINGREDUCE_SOCKET_CC");
   if (o.congestion == "system") o.congestion.clear();
   o.store_host = a.store_host;
+  if (a.listeners) {
+    o.listener = std::move(a.listeners->tcp);
+    o.nonce = a.listeners->tcp_nonce;
+  }
+  // Each rank's "tcp=..." part of what it published.
+  for (const std::string& p : a.published) {
+    const size_t at = p.find("tcp=");
+    o.published.push_back(at == std::string::npos ? ""
+                                                  : p.substr(at + 4, p.find(';', at) - at - 4));
+  }
   o.peers = peers;
   o.check_failed = a.check_failed;
   // Only detected identities say that a loopback address cannot reach a peer: hosts named with
@@ -69,19 +79,28 @@ std::unique_ptr<LinkKind> tcp_connect(const ConnectArgs& a, const std::vector<in
     o.other_host.resize(static_cast<size_t>(a.size));
     for (int q = 0; q < a.size; ++q) o.other_host[static_cast<size_t>(q)] = !same_host(a, q);
   }
-  return std::make_unique<tcp::TcpKind>(o, config, store, deadline);
+  return std::make_unique<tcp::TcpKind>(std::move(o), config);
 }
 
 }  // namespace
 
-Listeners::Listeners(const core::Config& config, const std::string& token) {
+Listeners::Listeners(const core::Config& config, const std::string& token,
+                     const std::string& store_host) {
   if (config.str("RINGREDUCE_SHM") != "0")
     shm = std::make_unique<shm::ShmListener>(!token.empty(),
                                              config.str("RINGREDUCE_SHM_CONNECT") != "mesh");
+  // Always: which peers are on other hosts is known only after the join. A listening socket
+  // costs a descriptor and no traffic.
+  tcp::SockAddr bound;
+  tcp = tcp::listen_on(tcp::choose_data_address(config, store_host), &bound);
+  const std::string addr = bound.str();
+  if (!token.empty()) tcp_nonce = core::auth::random_nonce();
+  tcp_published = addr.substr(0, addr.rfind(':')) + "|" + std::to_string(bound.port()) + "|" +
+                  (token.empty() ? "-" : core::auth::nonce_to_hex(tcp_nonce));
 }
 
 std::string Listeners::published() const {
-  return shm ? "shm=" + shm->published() : "";
+  return (shm ? "shm=" + shm->published() + ";" : "") + "tcp=" + tcp_published;
 }
 
 const std::vector<KindEntry>& kind_table() {

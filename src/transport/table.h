@@ -19,14 +19,19 @@
 namespace ringreduce::transport {
 
 // The listeners a rank opens before it joins, so that what peers need to reach it travels in its
-// join record ("shm=<name>|<nonce>", or "" when shared memory is off) instead of through a store
-// key per kind and peer.
+// join record ("shm=<name>|<nonce>;tcp=<host>|<port>|<nonce>") instead of through a store key per
+// kind and peer.
 struct Listeners {
-  // RINGREDUCE_SHM decides whether there is a shared-memory one; the token, whether it carries
-  // a nonce.
-  Listeners(const core::Config& config, const std::string& token);
+  // RINGREDUCE_SHM decides whether there is a shared-memory one; the token, whether they carry
+  // nonces; the store's host, which interface TCP listens on (tcp/socket.h).
+  Listeners(const core::Config& config, const std::string& token, const std::string& store_host);
   std::string published() const;
   std::unique_ptr<shm::ShmListener> shm;
+  // The TCP listener (taken by the TCP kind, which listens for the communicator's life), its
+  // address and its nonce.
+  core::Fd tcp;
+  std::string tcp_published;
+  core::auth::Nonce tcp_nonce{};
 };
 
 // Everything a kind may need to connect: who we are, who the peers are, the settings.
@@ -48,7 +53,7 @@ struct ConnectArgs {
   // What the ranks published when they joined (Listeners::published(), by rank), and this
   // rank's listeners.
   std::vector<std::string> published;
-  const Listeners* listeners = nullptr;
+  Listeners* listeners = nullptr;
   // Throws if the job has failed elsewhere (the store's failure mark): the kinds call it between
   // the slices of their start-up waits (at most every ~100 ms), so that a rank whose peer died
   // at start-up fails with the cause instead of waiting out the timeout. Empty: not checked.

@@ -61,7 +61,7 @@ HelloReader::State HelloReader::check_hello() {
     return reject("unknown authentication method " + std::to_string(h.auth));
   if (h.comm_id != e.comm_id) return reject("belongs to another communicator");
   if (h.world_size != e.size) return reject("world size " + std::to_string(h.world_size));
-  if (h.rank <= e.rank || h.rank >= e.size)
+  if (h.rank == e.rank || h.rank < 0 || h.rank >= e.size)
     return reject("unexpected rank " + std::to_string(h.rank));
   if (h.channel < 0 || h.channel >= e.channels)
     return reject("bad channel " + std::to_string(h.channel));

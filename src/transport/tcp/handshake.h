@@ -1,13 +1,13 @@
 // The start-up handshake of a TCP data connection, kept apart from the sockets so that it can be
 // unit-tested and fuzzed byte by byte.
 //
-// Without a token: the connector (the higher rank) sends its Hello; the acceptor checks it and
+// Without a token: the connector (the rank that first sends over the link, connector.h) sends its
+// Hello; the acceptor checks it and
 // answers with its own.
 // With a token (RINGREDUCE_TOKEN), both sides prove they hold it (HMAC-SHA256, core/auth.h).
 // Every rank publishes a fresh random nonce beside its data address in the store, which is
 // itself authenticated: that nonce is the acceptor's challenge, delivered ahead of time, so the
-// handshake costs no extra round trip and start-up keeps its order (connectors never wait for an
-// acceptor before sending, so no ordering of ranks can deadlock). Then
+// handshake costs no extra round trip. Then
 //   connector -> acceptor  Hello | connector nonce | HMAC(token, "ringreduce data connector",
 //                                   Hello, acceptor nonce, connector nonce)
 //   acceptor -> connector  Hello | HMAC(token, "ringreduce data acceptor", both Hellos,
@@ -35,7 +35,7 @@ constexpr size_t kAcceptorAuthBytes = core::auth::kProofBytes;
 // What an acceptor expects of the hellos it reads.
 struct HelloExpect {
   uint64_t comm_id = 0;
-  int rank = 0;  // the acceptor; connectors are the ranks above it
+  int rank = 0;  // the acceptor; connectors are any other rank
   int size = 1;
   int channels = 1;           // connections per peer
   std::string token;          // empty: no authentication

@@ -1,7 +1,8 @@
 // The TCP kind of link: connections to the peers the transport table routes here (every peer on
 // another host, and every peer with RINGREDUCE_SHM=0), one per peer per channel (times
-// RINGREDUCE_NSOCKS), made at start-up through the rendezvous store. Its links are driven through
-// its epoll set, which the engine (engine.h) polls and sleeps on.
+// RINGREDUCE_NSOCKS) and one point-to-point lane, each made when a message first crosses it
+// (connector.h) to the address the peer published when it joined. Its links and connections under
+// way are driven through its epoll set, which the engine (engine.h) polls and sleeps on.
 #pragma once
 
 #include <functional>
@@ -14,6 +15,7 @@
 #include "ringreduce/store.h"
 #include "transport/kind.h"
 #include "transport/link.h"
+#include "transport/tcp/connector.h"
 #include "transport/tcp/socket.h"
 #include "transport/tcp/striped_link.h"
 #include "transport/tcp/tcp_link.h"
@@ -31,7 +33,12 @@ struct TcpOptions {
   uint64_t comm_id = 0;
   int socket_buffer = 0;   // 0: the kernel autotunes the buffers
   std::string congestion;  // TCP congestion control of data sockets; empty: the system's
-  std::string store_host;  // to pick the data interface
+  std::string store_host;  // to pick the data interface (alone: to check the setting)
+  // This rank's listener, opened before the join (transport::Listeners), with its nonce (a
+  // token's challenge); what every rank published for it ("<host>|<port>|<nonce or ->", by rank).
+  core::Fd listener;
+  core::auth::Nonce nonce{};
+  std::vector<std::string> published;
   // The ranks to connect with (the others are linked by other kinds); empty: all.
   std::vector<int> peers;
   // other_host[q]: rank q runs on another host (a loopback address cannot reach it). Empty:
@@ -43,10 +50,9 @@ struct TcpOptions {
 
 class TcpKind final : public LinkKind {
  public:
-  // Listens, publishes "addr/<rank>" in the store, connects to every peer (lower ranks connect,
-  // higher ranks accept), and checks every hello. Bounded by deadline.
-  TcpKind(const TcpOptions& opts, const core::Config& config, Store& store,
-          const core::Deadline& deadline);
+  // Reads the peers' addresses and checks them (a token on some ranks only, a loopback address
+  // between hosts); connects nothing yet.
+  TcpKind(TcpOptions opts, const core::Config& config);
   ~TcpKind() override;
 
   // What TCP offers, before anything is measured.
@@ -67,6 +73,9 @@ class TcpKind final : public LinkKind {
   // One epoll_wait that does not wait, and the work its events allow.
   bool poll(bool /*stage*/) override { return poll_events(0); }
   void throw_if_notice() override;
+  // Drops strangers past their hello's grace; while a receive waits for a peer that has not
+  // connected, looks at the job's failure mark (such a peer may have died before connecting).
+  void check_idle() override;
   int event_fd() const override { return epoll_.get(); }
   void handle_events() override { poll_events(0); }
   // The peer a timed-out wait is pinned on (a pending receive first), or -1.
@@ -80,22 +89,28 @@ class TcpKind final : public LinkKind {
   void note_notice() { notices_ = true; }
   // Called by links when the events they want change.
   void update_interest(TcpLink& link);
+  // Called by a link without a connection that has something to send.
+  void want_connection(TcpLink& link) { connector_->connect(link.peer(), link.channel()); }
   // The peer whose host has left our bytes unacknowledged longest, for at least a second, or -1;
   // *ms: for how long. Such a peer is unreachable, and is the one to name: the other peers this
   // rank waits for may only be waiting on it in turn.
   int unreachable_peer(int64_t* ms) const;
 
  private:
-  void connect_mesh(const core::Config& config, Store& store, const core::Deadline& deadline);
+  // The peers' published addresses, checked.
+  std::vector<PeerAddress> read_addresses(const core::Config& config) const;
+  // The connection (peer, index), made on first use; throws for a peer not routed here.
+  TcpLink& wire(int peer, int index);
+  // A connection the connector made: into its link, and into the epoll set.
+  void attach(int peer, int index, core::Fd fd);
   // One epoll_wait of up to timeout_ms (0: just look) and the work its events allow; returns
   // whether any link had an event.
   bool poll_events(int timeout_ms);
 
   TcpOptions opts_;
   KindTraits traits_ = static_traits();
-  core::Fd listener_;
-  SockAddr listen_addr_;
   core::Fd epoll_;
+  std::unique_ptr<Connector> connector_;  // after epoll_: it leaves the set before the set closes
   // Connections ("wires"): channels x nsocks per peer.
   int wires() const { return opts_.channels * opts_.nsocks; }
   // Connections per peer: the wires, then the point-to-point lane (at index wires()).
@@ -109,6 +124,8 @@ class TcpKind final : public LinkKind {
   bool aborted_ = false;
   bool notices_ = false;       // some link holds a peer's abort notice
   std::vector<bool> connect_;  // by rank: whether there is a link to it
+  bool congestion_warned_ = false;
+  core::Clock::time_point last_failure_check_{};
 };
 
 }  // namespace ringreduce::transport::tcp

@@ -35,8 +35,19 @@ constexpr int kMaxIov = 64;
 
 }  // namespace
 
-TcpLink::TcpLink(TcpKind* owner, int peer, int channel, core::Fd fd, bool lane)
-    : owner_(owner), peer_(peer), channel_(channel), lane_(lane), fd_(std::move(fd)) {}
+TcpLink::TcpLink(TcpKind* owner, int peer, int channel, bool lane)
+    : owner_(owner), peer_(peer), channel_(channel), lane_(lane) {}
+
+void TcpLink::attach(core::Fd fd) {
+  fd_ = std::move(fd);
+  if (failed_) {
+    // Aborted while connecting: the peer learns it from the stream's end.
+    ::shutdown(fd_.get(), SHUT_WR);
+    return;
+  }
+  if (!sends_.empty()) on_writable();
+  owner_->update_interest(*this);
+}
 
 const OpTag& TcpLink::tag() const {
   return lane_ ? lane_tag_ : owner_->tag();
@@ -51,6 +62,7 @@ void TcpLink::peer_failed(const std::string& what, int err) {
 }
 
 int64_t TcpLink::unanswered_ms() const {
+  if (!fd_.valid()) return 0;
   tcp_info ti{};
   socklen_t len = sizeof ti;
   if (getsockopt(fd_.get(), IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) return 0;
@@ -88,6 +100,11 @@ TcpLink::SendOp* TcpLink::enqueue_send(const void* src, size_t bytes, Completion
   const bool was_idle = sends_.empty();
   sends_.push_back(op);
   SendOp* placed = &sends_.back();
+  // A sender makes the connection (the receiver waits for it): tcp/connector.h.
+  if (!fd_.valid()) {
+    owner_->want_connection(*this);
+    return placed;
+  }
   if (!ready) return placed;
   // Eager: an idle socket usually has room, and writing now saves an epoll round trip.
   if (was_idle) on_writable();
@@ -104,7 +121,7 @@ size_t TcpLink::writable_prefix(const SendOp& op) {
 
 void TcpLink::set_ready(SendOp* f, size_t ready) {
   f->ready = ready;
-  if (&sends_.front() == f) on_writable();
+  if (&sends_.front() == f && fd_.valid()) on_writable();
   owner_->update_interest(*this);
 }
 
@@ -399,7 +416,7 @@ void TcpLink::set_notice(int32_t code, int32_t blamed, const std::string& reason
 }
 
 bool TcpLink::salvage_notice() {
-  if (notice_ || salvage_done_) return true;
+  if (notice_ || salvage_done_ || !fd_.valid()) return true;
   if (!inbox_) inbox_ = std::make_unique<char[]>(kInboxBytes);
   if (!salvaging_) {
     salvaging_ = true;
@@ -477,6 +494,12 @@ void TcpLink::fail(int code, int blamed_rank, const std::string& reason) {
   if (failed_) return;
   // Forget every primitive: their buffers and completions belong to an op that is unwinding.
   recvs_.clear();
+  if (!fd_.valid()) {
+    // Never connected: nothing to tell the peer on this link (it learns through the others).
+    sends_.clear();
+    failed_ = true;
+    return;
+  }
   const bool mid_frame = !sends_.empty() && sends_.front().written > 0;
   if (mid_frame) {
     // A partial frame cannot be followed by a notice; the peer will see the stream end instead.

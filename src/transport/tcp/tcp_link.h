@@ -1,5 +1,7 @@
 // One TCP connection to one peer on one channel: queues of posted primitives that the transport's
-// progress engine advances when the socket is readable or writable.
+// progress engine advances when the socket is readable or writable. A link exists before its
+// connection (connections are made on first use, tcp/connector.h): primitives queue until the
+// connection is attached, and the first send asks the kind to connect.
 #pragma once
 
 #include <sys/uio.h>
@@ -22,7 +24,11 @@ class TcpLink final : public Link {
  public:
   // lane: a point-to-point lane (LinkKind::lane): its frames carry lane_tag(), and its peer's
   // closing is left to its owner instead of failing its standing receive.
-  TcpLink(TcpKind* owner, int peer, int channel, core::Fd fd, bool lane = false);
+  TcpLink(TcpKind* owner, int peer, int channel, bool lane = false);
+  // Gives the link its connection (its hello exchanged, non-blocking): what was queued goes.
+  // The kind registers it with epoll first.
+  void attach(core::Fd fd);
+  bool connected() const { return fd_.valid(); }
   int peer() const override { return peer_; }
   bool lane() const { return lane_; }
   bool closed() const override { return closed_by_peer_ || failed_; }

@@ -10,7 +10,7 @@ namespace ringreduce::transport::tcp {
 
 inline constexpr uint32_t kHelloMagic = 0x31485252;  // "RRH1"
 inline constexpr uint32_t kFrameMagic = 0x31465252;  // "RRF1"
-inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr uint32_t kProtocolVersion = 2;      // 2: either rank of a pair may connect
 
 // First bytes on every data connection, connector -> acceptor; the acceptor answers with its own
 // Hello. A connection whose hello is wrong (magic, version, communicator, rank, channel, or its

@@ -1,0 +1,268 @@
+#include "transport/tcp/connector.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+
+#include "core/log.h"
+#include "ringreduce/error.h"
+
+namespace ringreduce::transport::tcp {
+namespace {
+
+// How long a stranger may take to send its hello before it is dropped.
+constexpr auto kHelloGrace = std::chrono::seconds(10);
+// Accepted connections still reading their hello, at most: a flood of strangers costs bounded
+// memory (the oldest is dropped first).
+constexpr size_t kMaxIncoming = 1024;
+// The listener's epoll tag (id 0).
+constexpr uint64_t kListenerTag = 1;
+
+// Writes all of a small message to a fresh non-blocking socket: a hello is far below any socket
+// buffer, so anything short is the connection failing.
+bool send_small(int fd, const std::vector<uint8_t>& msg) {
+  for (;;) {
+    const ssize_t w = ::send(fd, msg.data(), msg.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0 && errno == EINTR) continue;
+    return w == static_cast<ssize_t>(msg.size());
+  }
+}
+
+}  // namespace
+
+Connector::Connector(const HelloExpect& expect, core::Fd listener, std::vector<PeerAddress> peers,
+                     std::vector<bool> wanted, int epoll_fd, Attach attach)
+    : expect_(expect),
+      listener_(std::move(listener)),
+      peers_(std::move(peers)),
+      wanted_(std::move(wanted)),
+      epoll_fd_(epoll_fd),
+      attach_(std::move(attach)),
+      states_(static_cast<size_t>(expect_.size) * static_cast<size_t>(expect_.channels),
+              State::none) {
+  set_nonblocking(listener_.get());
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kListenerTag;
+  if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listener_.get(), &ev) != 0)
+    throw Error(std::string("epoll_ctl failed: ") + strerror(errno));
+}
+
+Connector::~Connector() = default;
+
+void Connector::close_all() {
+  pending_.clear();
+  listener_.reset();
+}
+
+Hello Connector::hello_for(int index) const {
+  Hello h;
+  h.comm_id = expect_.comm_id;
+  h.rank = expect_.rank;
+  h.world_size = expect_.size;
+  h.channel = index;
+  return h;
+}
+
+void Connector::watch(Pending& p, uint32_t events, bool add) {
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.u64 = (p.id << 1) | 1;
+  if (epoll_ctl(epoll_fd_, add ? EPOLL_CTL_ADD : EPOLL_CTL_MOD, p.fd.get(), &ev) != 0)
+    throw Error(std::string("epoll_ctl failed: ") + strerror(errno));
+}
+
+Connector::Iter Connector::outgoing_of(int peer, int index) {
+  for (auto it = pending_.begin(); it != pending_.end(); ++it)
+    if (it->phase != Pending::Phase::reading_hello && it->peer == peer && it->index == index)
+      return it;
+  return pending_.end();
+}
+
+void Connector::connect(int peer, int index) {
+  if (state(peer, index) != State::none) return;
+  const PeerAddress& to = peers_.at(static_cast<size_t>(peer));
+  if (!to.valid || !listener_.valid())
+    throw PeerError("no data address of rank " + std::to_string(peer), peer);
+  core::Fd fd(::socket(to.addr.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd.valid()) throw Error(std::string("socket() failed: ") + strerror(errno));
+  const int rc =
+      ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&to.addr.storage), to.addr.len);
+  if (rc != 0 && errno != EINPROGRESS)
+    throw PeerError("could not connect to rank " + std::to_string(peer) + " at " + to.addr.str() +
+                        ": " + strerror(errno),
+                    peer);
+  Pending& p = pending_.emplace_back(&expect_);
+  p.phase = Pending::Phase::connecting;
+  p.fd = std::move(fd);
+  p.peer = peer;
+  p.index = index;
+  p.since = core::Clock::now();
+  p.id = next_id_++;
+  watch(p, EPOLLOUT, true);
+  state(peer, index) = State::connecting;
+}
+
+void Connector::on_event(uint64_t data, uint32_t events) {
+  if (data == kListenerTag) {
+    accept_all();
+    return;
+  }
+  const uint64_t id = data >> 1;
+  // Few connections are ever under way at once; one that is gone has nothing left to do.
+  for (auto it = pending_.begin(); it != pending_.end(); ++it) {
+    if (it->id != id) continue;
+    if (it->phase == Pending::Phase::reading_hello)
+      on_incoming(it);
+    else
+      on_outgoing(it, events);
+    return;
+  }
+}
+
+void Connector::accept_all() {
+  for (int i = 0; i < 64 && listener_.valid(); ++i) {
+    const int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) return;
+    size_t incoming = 0;
+    for (const auto& q : pending_) incoming += q.phase == Pending::Phase::reading_hello ? 1 : 0;
+    if (incoming >= kMaxIncoming) {
+      for (auto it = pending_.begin(); it != pending_.end(); ++it)
+        if (it->phase == Pending::Phase::reading_hello) {
+          drop(it, "too many connections without a hello", false);
+          break;
+        }
+    }
+    Pending& p = pending_.emplace_back(&expect_);
+    p.phase = Pending::Phase::reading_hello;
+    p.fd = core::Fd(fd);
+    p.since = core::Clock::now();
+    p.id = next_id_++;
+    watch(p, EPOLLIN, true);
+  }
+}
+
+void Connector::on_outgoing(Iter it, uint32_t events) {
+  Pending& p = *it;
+  const int peer = p.peer;
+  const std::string& token = expect_.token;
+  const PeerAddress& to = peers_[static_cast<size_t>(peer)];
+  if (p.phase == Pending::Phase::connecting) {
+    if (!(events & (EPOLLOUT | EPOLLERR | EPOLLHUP))) return;
+    int err = 0;
+    socklen_t len = sizeof err;
+    getsockopt(p.fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+    // Its listener lives as long as its communicator: a refusal means the rank is gone.
+    if (err != 0)
+      throw PeerError("could not connect to rank " + std::to_string(peer) + " at " + to.addr.str() +
+                          ": " + strerror(err),
+                      peer);
+    p.sent = hello_for(p.index);
+    const std::vector<uint8_t> msg = connector_hello(p.sent, token, to.nonce, &p.nonce);
+    if (!send_small(p.fd.get(), msg))
+      throw PeerError("could not send hello to rank " + std::to_string(peer) + " at " +
+                          to.addr.str() + ": " + strerror(errno),
+                      peer);
+    p.phase = Pending::Phase::awaiting_answer;
+    watch(p, EPOLLIN, false);
+    return;
+  }
+  // Awaiting the answer: only its bytes, anything after it is the peer's data.
+  const size_t want = acceptor_hello_bytes(token);
+  const ssize_t r = ::recv(p.fd.get(), p.answer + p.got, want - p.got, MSG_DONTWAIT);
+  if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+  if (r <= 0) {
+    if (peer < expect_.rank) {
+      // Crossed: the lower rank closes a higher rank's attempt only while its own is under way,
+      // and its own will arrive here.
+      const int index = p.index;
+      pending_.erase(it);
+      if (state(peer, index) == State::connecting) state(peer, index) = State::crossed;
+      return;
+    }
+    throw PeerError("rank " + std::to_string(peer) +
+                        " closed our data connection before answering its hello" +
+                        (token.empty() ? "" : " (does it have the same RINGREDUCE_TOKEN?)") +
+                        (last_drop_.empty()
+                             ? ""
+                             : " (this rank meanwhile dropped a connection: " + last_drop_ + ")"),
+                    peer);
+  }
+  p.got += static_cast<size_t>(r);
+  if (p.got < want) return;
+  const std::string bad =
+      check_acceptor_hello(p.answer, want, p.sent, peer, token, to.nonce, p.nonce);
+  if (!bad.empty()) throw PeerError("rank " + std::to_string(peer) + " " + bad, peer);
+  hand_over(it, peer, p.index);
+}
+
+void Connector::on_incoming(Iter it) {
+  Pending& p = *it;
+  // Only as many bytes as the hello has: anything after it is the peer's data.
+  uint8_t buf[sizeof(Hello) + kConnectorAuthBytes];
+  const ssize_t r = ::recv(p.fd.get(), buf, p.reader.want(), MSG_DONTWAIT);
+  if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+  if (r <= 0) return drop(it, "closed before finishing its hello", false);
+  if (p.reader.feed(buf, static_cast<size_t>(r)) == HelloReader::State::rejected)
+    return drop(it, p.reader.why(), false);
+  if (p.reader.state() == HelloReader::State::done) settle_incoming(it);
+}
+
+void Connector::settle_incoming(Iter it) {
+  Pending& p = *it;
+  const Hello& h = p.reader.hello();
+  const int peer = h.rank, index = h.channel;
+  if (!wanted_[static_cast<size_t>(peer)])
+    return drop(it, "unexpected rank " + std::to_string(peer), false);
+  switch (state(peer, index)) {
+    case State::attached:
+      // A higher rank's attempt that crossed ours after ours was answered is expected; a lower
+      // rank never gives up its own attempt, so its duplicate is not.
+      return drop(it, "duplicate connection from rank " + std::to_string(peer),
+                  peer > expect_.rank);
+    case State::connecting:
+      if (peer > expect_.rank) return drop(it, "crossed by this rank's own connection", true);
+      // The lower rank's connection wins: ours is withdrawn (the peer closes it in turn).
+      if (auto own = outgoing_of(peer, index); own != pending_.end()) pending_.erase(own);
+      break;
+    case State::none:
+    case State::crossed:
+      break;
+  }
+  const std::vector<uint8_t> mine =
+      acceptor_hello(p.reader, hello_for(index), expect_.token, expect_.nonce);
+  if (!send_small(p.fd.get(), mine)) return drop(it, "could not answer its hello", false);
+  hand_over(it, peer, index);
+}
+
+void Connector::hand_over(Iter it, int peer, int index) {
+  // Out of the set first: the link registers the same descriptor under its own tag.
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->fd.get(), nullptr);
+  core::Fd fd = std::move(it->fd);
+  pending_.erase(it);
+  state(peer, index) = State::attached;
+  attach_(peer, index, std::move(fd));
+}
+
+void Connector::drop(Iter it, const std::string& why, bool quiet) {
+  if (!quiet) {
+    RR_LOG(warn, expect_.rank, "dropped a data connection: ", why);
+    last_drop_ = why;
+  }
+  pending_.erase(it);
+}
+
+void Connector::expire() {
+  const auto now = core::Clock::now();
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    auto next = std::next(it);
+    if (it->phase == Pending::Phase::reading_hello && now - it->since > kHelloGrace)
+      drop(it, "sent no hello in time", false);
+    it = next;
+  }
+}
+
+}  // namespace ringreduce::transport::tcp
