@@ -85,17 +85,34 @@ void CommImpl::probe_network(const std::vector<std::string>& hosts,
   }
   if (partner < 0) return;
   cost_kind_ = "net";
-  // Rank 0 decides whether a calibration file replaces the measurement and tells the partner.
+  // Rank 0 decides whether a calibration file replaces the measurement, and how many calls of
+  // recursive doubling every rank times, and tells them all: the counts must agree on every
+  // rank, and only rank 0's crowding is known to all alike. Wide communicators time fewer calls,
+  // as on one host (probe_links); where ranks crowd rank 0's cores, one: there a call of 8 bytes
+  // is lg N scheduler rounds, ~1.3 s at 1,024 ranks over 8 emulated hosts on two cores, and the
+  // 52 calls of a narrow probe took 70 s of start-up.
   std::optional<tuner::Costs> file;
+  int warmups = 4, rounds = kProbeSmallRounds;
+  size_t batches = std::max<size_t>(1, config_.size("RINGREDUCE_PROBE_BATCHES"));
   if (rank_ == 0) {
     file = tuning_file_costs("net");
-    const std::string plan = file ? "file" : "probe";
+    if (size_ > kRingProbeMaxRanks) {
+      warmups = 1;
+      rounds = local_size_ >= kCrowdedRanksPerCore * cores_ ? 1 : kProbeSmallRounds / 4;
+      if (!config_.has("RINGREDUCE_PROBE_BATCHES")) batches = 1;
+    }
+    const std::string plan = file ? "file"
+                                  : "probe " + std::to_string(warmups) + " " +
+                                        std::to_string(batches) + " " + std::to_string(rounds);
     startup_store_->set("net_plan", std::vector<uint8_t>(plan.begin(), plan.end()));
   }
   bool probe = !file;
   if (rank_ != 0) {
     auto v = startup_store_->get("net_plan", std::chrono::milliseconds(deadline.remaining_ms()));
-    probe = std::string(v.begin(), v.end()) == "probe";
+    std::istringstream plan(std::string(v.begin(), v.end()));
+    std::string what;
+    plan >> what >> warmups >> batches >> rounds;
+    probe = what == "probe";
   }
   double alpha = 0, bandwidth = 0, gamma = 0;
   if (probe && (rank_ == 0 || rank_ == partner)) {
@@ -143,12 +160,11 @@ void CommImpl::probe_network(const std::vector<std::string>& hosts,
     zero.root = 0;
     transport_->begin_op(zero);
     float small[2] = {1.0f, 1.0f};
-    time_probe_allreduce(algorithms::recursive_doubling_allreduce, small, 2, 4, deadline);
+    time_probe_allreduce(algorithms::recursive_doubling_allreduce, small, 2, warmups, deadline);
     double rd = 1e9;
-    const size_t batches = std::max<size_t>(1, config_.size("RINGREDUCE_PROBE_BATCHES"));
     for (size_t b = 0; b < batches; ++b)
       rd = std::min(rd, time_probe_allreduce(algorithms::recursive_doubling_allreduce, small, 2,
-                                             kProbeSmallRounds, deadline));
+                                             rounds, deadline));
     alpha = std::max(alpha, rd / algorithms::rd_steps(size_));
   }
   if (rank_ == 0) {
