@@ -7,21 +7,25 @@
 # Rounds are interleaved (N1 N2 ... then again); the table keeps the best and the spread.
 # With -c HOSTS, ringreduce's ranks are spread over HOSTS emulated hosts instead (scripts/cluster,
 # 10 Gbit/s links; root): N/HOSTS per host, shared memory within a host and TCP between them,
-# launched by `scripts/cluster run` (no store counts: rank 0 hosts the store).
+# launched by one `ringrun --nnodes HOSTS --node-rank I` per host (-L cluster: by `scripts/cluster
+# run`, a process per rank from a shell, and no store counts). -A: no alltoall in the checks
+# (over TCP it connects every pair of ranks on different hosts).
 #
 # usage: bench/startup.sh [-N "16 32 64 128 256"] [-r ROUNDS] [-g] [-G "16 32 64"]
-#                         [-c HOSTS] [-o OUTDIR] [-p PNG] [-B BUILD_DIR]
+#                         [-c HOSTS] [-L ringrun|cluster] [-A] [-o OUTDIR] [-p PNG] [-B BUILD_DIR]
 # Writes OUTDIR/startup.csv, OUTDIR/startup.md and, with python3-matplotlib, the plot PNG
 # (default docs/startup.png).
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 NS="16 32 64 128 256" ROUNDS=3 GLOO=0 GLOO_NS="16 32 64" HOSTS=0 OUT=/tmp/startup-$(date +%Y%m%d-%H%M%S)
+LAUNCH=ringrun PROG_ARGS=()
 PNG=$ROOT/docs/startup.png BUILD=$ROOT/build
 while [ $# -gt 0 ]; do
   case "$1" in
     -N) NS=$2; shift 2 ;; -r) ROUNDS=$2; shift 2 ;; -g) GLOO=1; shift ;; -G) GLOO_NS=$2; shift 2 ;;
     -c) HOSTS=$2; shift 2 ;; -o) OUT=$2; shift 2 ;; -p) PNG=$2; shift 2 ;; -B) BUILD=$2; shift 2 ;;
-    -h | --help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -L) LAUNCH=$2; shift 2 ;; -A) PROG_ARGS=(--no-alltoall); shift ;;
+    -h | --help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
@@ -32,6 +36,7 @@ mkdir -p "$OUT"
 # Every rank holds a few descriptors per same-host peer.
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 [[ $HOSTS =~ ^[0-9]+$ ]] || { echo "startup: -c wants a number of hosts, not '$HOSTS'" >&2; exit 2; }
+case "$LAUNCH" in ringrun | cluster) ;; *) echo "startup: -L is ringrun or cluster, not '$LAUNCH'" >&2; exit 2 ;; esac
 if [ "$HOSTS" -gt 0 ]; then
   for n in $NS; do
     [ $((n % HOSTS)) -eq 0 ] && [ "$n" -ge "$HOSTS" ] ||
@@ -45,20 +50,43 @@ fi
 csv=$OUT/startup.csv
 echo "lib,n,round,ready_s,first_allreduce_s,last_start_s,wall_s,store_requests,requests_per_rank,check" >"$csv"
 
+# per_host N: one ringrun per emulated host, each starting its N/HOSTS ranks; host 0's hosts the
+# store (on host 0's address) and prints the result. Its status is the first failure's.
+per_host() {
+  local n=$1 h pids=() rc=0 code
+  for h in $(seq 0 $((HOSTS - 1))); do
+    "$ROOT/scripts/cluster" exec "$h" -- "$RINGRUN" -n $((n / HOSTS)) --nnodes "$HOSTS" \
+      --node-rank "$h" --master 10.213.77.1:29500 --timeout 300 $([ "$h" = 0 ] && echo --store-stats) \
+      -- "$PROG" "${PROG_ARGS[@]}" >"$OUT/host$h.log" 2>&1 &
+    pids+=($!)
+  done
+  for h in "${!pids[@]}"; do
+    wait "${pids[$h]}"
+    code=$?
+    [ $code -ne 0 ] && [ $rc -eq 0 ] && rc=$code && tail -5 "$OUT/host$h.log" >&2
+  done
+  cat "$OUT/host0.log"
+  return $rc
+}
+
 # run_one LIB N ROUND: one launch of LIB (ringreduce or gloo) at N ranks, a CSV row.
 run_one() {
   local lib=$1 n=$2 round=$3 t0 t1 out line req="" per="" wall
-  local cmd=("$RINGRUN" -n "$n" --store-stats --timeout 300 -- "$PROG")
+  local cmd=("$RINGRUN" -n "$n" --store-stats --timeout 300 -- "$PROG" "${PROG_ARGS[@]}")
   [ "$lib" = gloo ] && cmd=("$RINGRUN" -n "$n" --timeout 300 -- /usr/bin/python3 "$ROOT/bench/torch_startup.py")
-  [ "$HOSTS" -gt 0 ] && [ "$lib" != gloo ] &&
-    lib="ringreduce-${HOSTS}hosts" cmd=("$ROOT/scripts/cluster" run --ranks-per-host $((n / HOSTS)) --timeout 300 -- "$PROG")
+  if [ "$HOSTS" -gt 0 ] && [ "$lib" != gloo ]; then
+    lib="ringreduce-${HOSTS}hosts"
+    cmd=(per_host "$n")
+    [ "$LAUNCH" = cluster ] &&
+      cmd=("$ROOT/scripts/cluster" run --ranks-per-host $((n / HOSTS)) --timeout 300 -- "$PROG" "${PROG_ARGS[@]}")
+  fi
   t0=$(date +%s.%N)
   out=$("${cmd[@]}" 2>&1)
   local rc=$?
   t1=$(date +%s.%N)
   wall=$(echo "$t1 - $t0" | bc)
   line=$(grep -m1 "startup N=" <<<"$out" | sed 's/^\[0\] //')
-  [ "$lib" = ringreduce ] && req=$(sed -n 's/.*the store served \([0-9]*\) requests.*/\1/p' <<<"$out" | tail -1)
+  [ "$lib" != gloo ] && req=$(sed -n 's/.*the store served \([0-9]*\) requests.*/\1/p' <<<"$out" | tail -1)
   if [ $rc -ne 0 ] || [ -z "$line" ]; then
     echo "$lib N=$n round $round: FAILED (rc $rc)"; echo "$out" | tail -20
     echo "$lib,$n,$round,,,,$wall,$req,,failed" >>"$csv"
