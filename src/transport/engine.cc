@@ -70,9 +70,14 @@ std::string Engine::kinds_text() const {
 
 bool Engine::poll_all(bool stage) {
   bool any = false;
-  for (auto& k : kinds_) any |= k->poll(stage);
+  uint64_t lane_receives = 0;
+  for (auto& k : kinds_) {
+    any |= k->poll(stage);
+    lane_receives += k->lane_receives();
+  }
   // After the kinds: what their links moved in this pass may complete requests now.
-  any |= p2p_->poll();
+  any |= p2p_->poll(lane_receives != lane_receives_seen_);
+  lane_receives_seen_ = lane_receives;
   return any;
 }
 

@@ -81,6 +81,10 @@ class LinkKind {
   // what keeps any posting order free of deadlock; asked for only before the engine sleeps).
   // Throws PeerError / MismatchError for a failed or mismatched peer.
   virtual bool poll(bool stage) = 0;
+  // Receives completed on lanes so far (a count that only grows): the engine has the
+  // point-to-point layer look at its N - 1 lanes only in a pass after it moved (at 1,024 ranks a
+  // look at every lane in every pass cost more than the pass).
+  virtual uint64_t lane_receives() const = 0;
   // Wake-ups owed to peers for what primitives moved eagerly when they were posted.
   virtual void flush() {}
   // A peer's abort notice, if one has arrived: rethrown, so the op fails with the peer's reason.

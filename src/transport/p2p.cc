@@ -105,12 +105,14 @@ bool P2p::submit(P2pRequest* r) {
 }
 
 void P2p::post_header_recv(Lane& lane) {
+  look_lanes_ = true;
   lane.in_posted = true;
   lane.link->recv(&lane.in, sizeof lane.in, &lane.in_c);
 }
 
 void P2p::send_header(Lane& lane, uint32_t type, uint64_t tag, uint64_t bytes, uint64_t id,
                       P2pRequest* completes, const void* payload) {
+  look_lanes_ = true;  // posting on a lane may move its header receive too
   auto m = std::make_unique<Moving>();
   m->r = completes;
   m->peer = lane.peer;
@@ -126,6 +128,7 @@ void P2p::send_header(Lane& lane, uint32_t type, uint64_t tag, uint64_t bytes, u
 }
 
 void P2p::receive_payload(Lane& lane, P2pRequest* r, uint64_t bytes) {
+  look_lanes_ = true;
   auto m = std::make_unique<Moving>();
   m->r = r;
   m->peer = lane.peer;
@@ -268,7 +271,7 @@ void P2p::finish(P2pRequest* r) {
   done_.push_back(r);
 }
 
-bool P2p::poll() {
+bool P2p::poll(bool lanes_moved) {
   if (failed_.load(std::memory_order_relaxed)) return false;
   bool any = false;
   if (has_submitted_.load(std::memory_order_seq_cst)) {
@@ -286,11 +289,14 @@ bool P2p::poll() {
     }
     any = true;
   }
-  for (auto& l : lanes_) {
-    if (!l || !l->in_posted || !l->in_c.done()) continue;
-    l->in_posted = false;
-    on_header(*l);
-    any = true;
+  if (lanes_moved || look_lanes_ || outstanding_.load(std::memory_order_relaxed) > 0) {
+    look_lanes_ = false;
+    for (auto& l : lanes_) {
+      if (!l || !l->in_posted || !l->in_c.done()) continue;
+      l->in_posted = false;
+      on_header(*l);
+      any = true;
+    }
   }
   for (auto it = moving_.begin(); it != moving_.end();) {
     if (!(*it)->c.done()) {

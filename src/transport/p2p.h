@@ -81,8 +81,11 @@ class P2p {
   // request is not taken) once fail_all() has run.
   bool submit(P2pRequest* r);
   // Driver: one pass. Posts submitted requests, reads arrived headers, finishes requests whose
-  // bytes have moved (calling their on_done). Returns whether anything happened.
-  bool poll();
+  // bytes have moved (calling their on_done). Returns whether anything happened. lanes_moved:
+  // some lane may have completed a receive since the last pass (LinkKind::lane_receives); the
+  // lanes are looked at only then, or while requests are outstanding or a header receive was
+  // just posted (it may complete as it is posted).
+  bool poll(bool lanes_moved = true);
   // Whether any request is submitted and not done.
   bool busy() const { return outstanding_.load(std::memory_order_acquire) > 0; }
   // Driver, after a failure: every request not done fails with `error`; nothing is posted again.
@@ -132,6 +135,7 @@ class P2p {
   std::map<std::pair<int, uint64_t>, P2pRequest*> await_data_;
   std::vector<P2pRequest*> done_;  // finished in this pass, their on_done still to run
   core::Clock::time_point next_check_{};
+  bool look_lanes_ = true;  // this layer posted on a lane since the lanes were last looked at
 };
 
 }  // namespace ringreduce::transport

@@ -255,6 +255,7 @@ void TcpLink::finish_recv() {
   if (op.next) op.next->set_ready(op.fwd, op.bytes);
   pass_on(op);
   --op.c->outstanding;
+  if (lane_) owner_->note_lane_receive();
 }
 
 void TcpLink::drain_inbox() {
