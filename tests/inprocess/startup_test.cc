@@ -4,7 +4,10 @@
 // 60 s timeout and must end well before it: the failure is found, not waited out.
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include "harness.h"
@@ -262,6 +265,71 @@ TEST(StartUp, SegmentsAreMappedOnFirstUse) {
     EXPECT_LE(after_small.load(), static_cast<size_t>(kRanks * (4 + 3)));
     EXPECT_GT(after_small.load(), static_cast<size_t>(kRanks));
   }
+}
+
+// TCP connections between this process's ranks (threads here, so both ends of each are ours):
+// sockets of this process that are ESTABLISHED in /proc/net/tcp{,6}, halved. A connection given up
+// when two attempts crossed is closed by one end at once and leaves ESTABLISHED; one still being
+// settled may be counted.
+size_t tcp_connections() {
+  std::set<std::string> ours;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const std::string target = std::filesystem::read_symlink(e.path(), ec).string();
+    if (!ec && target.rfind("socket:[", 0) == 0) ours.insert(target.substr(8, target.size() - 9));
+  }
+  size_t established = 0;
+  for (const char* table : {"/proc/self/net/tcp", "/proc/self/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      std::istringstream f(line);
+      std::string sl, local, remote, state, queues, timer, retr, uid, timeout, inode;
+      f >> sl >> local >> remote >> state >> queues >> timer >> retr >> uid >> timeout >> inode;
+      established += state == "01" && ours.count(inode) ? 1 : 0;
+    }
+  }
+  return established / 2;
+}
+
+// A TCP link is connected when a message first has to cross it, by the sender (tcp/connector.h):
+// small collectives connect a few partners per rank, and an alltoall, in which every pair sends
+// both ways at once (so their attempts cross), leaves one connection per pair and comes out
+// right. (A mesh at start-up was N (N - 1) / 2 connections per channel, 917,504 sockets at 1,024
+// ranks over 8 hosts.)
+TEST(StartUp, TcpConnectsOnFirstUseAndCrossingAttemptsLeaveOnePerPair) {
+  constexpr int kRanks = 16;
+  constexpr size_t kPairs = kRanks * (kRanks - 1) / 2;
+  std::atomic<size_t> after_small{0}, after_all{0};
+  run_ranks(
+      kRanks,
+      [&](Communicator& comm) {
+        const int n = comm.size(), me = comm.rank();
+        comm.barrier();
+        int64_t sum = me;
+        comm.allreduce(&sum, &sum, 1, ringreduce::DataType::i64, ringreduce::ReduceOp::sum);
+        EXPECT_EQ(sum, n * (n - 1) / 2);
+        comm.barrier();
+        if (me == 0) after_small = tcp_connections();
+        comm.barrier();
+        std::vector<int32_t> in(static_cast<size_t>(n)), out(static_cast<size_t>(n), -1);
+        for (int j = 0; j < n; ++j) in[static_cast<size_t>(j)] = me * n + j;
+        comm.alltoall(in.data(), out.data(), 1, ringreduce::DataType::i32);
+        for (int i = 0; i < n; ++i) EXPECT_EQ(out[static_cast<size_t>(i)], i * n + me);
+        comm.barrier();
+        if (me == 0) after_all = tcp_connections();
+        comm.barrier();  // nobody closes before rank 0 has counted
+      },
+      {{"RINGREDUCE_SHM", "0"}}, 60s);
+  // The start-up probe (recursive doubling, the ring, Rabenseifner), the barriers (dissemination)
+  // and the allreduce: partners at distances 2^k, at most N lg N = 64 pairs (56 here); against
+  // the mesh's 120.
+  EXPECT_LE(after_small.load(), size_t{kRanks * 4});
+  EXPECT_GT(after_small.load(), size_t{0});
+  // Every pair once, and no more than a few crossings still being settled.
+  EXPECT_GE(after_all.load(), kPairs);
+  EXPECT_LE(after_all.load(), kPairs + 4);
 }
 
 // An unknown way of connecting is this rank's own bad setting, named before any wait.
