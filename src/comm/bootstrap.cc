@@ -310,6 +310,14 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
   // every rank the table in a constant number of store round trips.
   // Where start-up spends its time (the "communicator ready" line, RINGREDUCE_DEBUG=INFO).
   const auto t_begin = core::Clock::now();
+  // And the CPU this thread spent in each (where ranks crowd the cores, the wall time is mostly
+  // other ranks' turns).
+  auto cpu_ms = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<int64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
+  };
+  const int64_t cpu_begin = cpu_ms();
   auto ms_since = [](core::Clock::time_point t) {
     return std::chrono::duration_cast<std::chrono::milliseconds>(core::Clock::now() - t).count();
   };
@@ -338,6 +346,7 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
     published = table.links;
   }
   const auto t_joined = core::Clock::now();
+  const int64_t cpu_joined = cpu_ms();
   int same_host = 0;
   for (int q = 0; q < size_; ++q)
     same_host += hosts[static_cast<size_t>(q)] == hosts[static_cast<size_t>(rank_)] ? 1 : 0;
@@ -384,6 +393,7 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
   // shared memory between the ranks of a host, TCP between hosts.
   transport_ = transport::connect(args, startup, deadline);
   const auto t_linked = core::Clock::now();
+  const int64_t cpu_linked = cpu_ms();
   transport_->set_describer([this](const transport::OpTag& t) { return describe(t); });
   tuner::Setup setup;
   setup.size = size_;
@@ -410,7 +420,8 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
          std::chrono::duration_cast<std::chrono::milliseconds>(t_joined - t_begin).count(),
          ", links ",
          std::chrono::duration_cast<std::chrono::milliseconds>(t_linked - t_joined).count(),
-         ", probe and monitor ", ms_since(t_linked));
+         ", probe and monitor ", ms_since(t_linked), "; cpu ", cpu_joined - cpu_begin, " + ",
+         cpu_linked - cpu_joined, " + ", cpu_ms() - cpu_linked, " ms");
 }
 
 void CommImpl::ring_order(const std::vector<std::string>& hosts) {
