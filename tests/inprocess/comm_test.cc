@@ -864,7 +864,7 @@ TEST(Comm, AWrongTokenIsDroppedLikeAStrangerAndNamedAtTheTimeout) {
         << errors[0];
     if (shm == "0") {
       EXPECT_TRUE(errors[0].find("wrong proof of the token") != std::string::npos ||
-                  errors[0].find("does it have the same RINGREDUCE_TOKEN?") != std::string::npos)
+                  errors[0].find("a different RINGREDUCE_TOKEN there?") != std::string::npos)
           << errors[0];
     }
     EXPECT_NE(errors[1].find("RINGREDUCE_TOKEN"), std::string::npos) << errors[1];

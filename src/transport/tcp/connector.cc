@@ -15,9 +15,13 @@ namespace {
 
 // How long a stranger may take to send its hello before it is dropped.
 constexpr auto kHelloGrace = std::chrono::seconds(10);
-// Accepted connections still reading their hello, at most: a flood of strangers costs bounded
-// memory (the oldest is dropped first).
-constexpr size_t kMaxIncoming = 1024;
+// Accepted connections still reading their hello, at most, beyond one per peer and connection
+// (an alltoall may have them all under way): a flood of strangers costs bounded memory (the
+// oldest is dropped first).
+constexpr size_t kSpareIncoming = 256;
+// The channel of the answer that closes a higher rank's attempt because this rank's own crosses
+// it: the higher rank then waits for this rank's connection instead of failing.
+constexpr int32_t kCrossedChannel = -2;
 // The listener's epoll tag (id 0).
 constexpr uint64_t kListenerTag = 1;
 
@@ -54,8 +58,16 @@ Connector::Connector(const HelloExpect& expect, core::Fd listener, std::vector<P
 Connector::~Connector() = default;
 
 void Connector::close_all() {
-  pending_.clear();
+  while (!pending_.empty()) forget(pending_.begin());
+  if (listener_.valid()) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listener_.get(), nullptr);
   listener_.reset();
+}
+
+void Connector::forget(Iter it) {
+  // Out of the set before the close: a copy of the descriptor in a forked child would otherwise
+  // keep the registration, and its events, alive.
+  if (it->fd.valid()) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->fd.get(), nullptr);
+  pending_.erase(it);
 }
 
 Hello Connector::hello_for(int index) const {
@@ -126,10 +138,17 @@ void Connector::on_event(uint64_t data, uint32_t events) {
 void Connector::accept_all() {
   for (int i = 0; i < 64 && listener_.valid(); ++i) {
     const int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) return;
+    if (fd < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      // Out of descriptors or memory: the connection stays queued and the listener readable, so
+      // returning would spin the engine while the peer waits; fail, naming why.
+      throw Error("rank " + std::to_string(expect_.rank) +
+                  ": could not accept a data connection: " + strerror(errno));
+    }
     size_t incoming = 0;
     for (const auto& q : pending_) incoming += q.phase == Pending::Phase::reading_hello ? 1 : 0;
-    if (incoming >= kMaxIncoming) {
+    if (incoming >= states_.size() + kSpareIncoming) {
       for (auto it = pending_.begin(); it != pending_.end(); ++it)
         if (it->phase == Pending::Phase::reading_hello) {
           drop(it, "too many connections without a hello", false);
@@ -174,24 +193,27 @@ void Connector::on_outgoing(Iter it, uint32_t events) {
   const size_t want = acceptor_hello_bytes(token);
   const ssize_t r = ::recv(p.fd.get(), p.answer + p.got, want - p.got, MSG_DONTWAIT);
   if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
-  if (r <= 0) {
-    if (peer < expect_.rank) {
-      // Crossed: the lower rank closes a higher rank's attempt only while its own is under way,
-      // and its own will arrive here.
+  if (r > 0) p.got += static_cast<size_t>(r);
+  if (p.got >= sizeof(Hello) && peer < expect_.rank) {
+    Hello h;
+    std::memcpy(&h, p.answer, sizeof h);
+    if (h.magic == kHelloMagic && h.comm_id == expect_.comm_id && h.rank == peer &&
+        h.channel == kCrossedChannel) {
+      // Crossed: the lower rank's own attempt is under way and wins; it will arrive here.
       const int index = p.index;
-      pending_.erase(it);
+      forget(it);
       if (state(peer, index) == State::connecting) state(peer, index) = State::crossed;
       return;
     }
+  }
+  if (r <= 0)
     throw PeerError("rank " + std::to_string(peer) +
                         " closed our data connection before answering its hello" +
-                        (token.empty() ? "" : " (does it have the same RINGREDUCE_TOKEN?)") +
+                        (token.empty() ? "" : " (a different RINGREDUCE_TOKEN there?)") +
                         (last_drop_.empty()
                              ? ""
                              : " (this rank meanwhile dropped a connection: " + last_drop_ + ")"),
                     peer);
-  }
-  p.got += static_cast<size_t>(r);
   if (p.got < want) return;
   const std::string bad =
       check_acceptor_hello(p.answer, want, p.sent, peer, token, to.nonce, p.nonce);
@@ -205,7 +227,9 @@ void Connector::on_incoming(Iter it) {
   uint8_t buf[sizeof(Hello) + kConnectorAuthBytes];
   const ssize_t r = ::recv(p.fd.get(), buf, p.reader.want(), MSG_DONTWAIT);
   if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
-  if (r <= 0) return drop(it, "closed before finishing its hello", false);
+  // Closed before a byte: an attempt its crossing rank withdrew, or a port scan; not worth a word.
+  if (r <= 0)
+    return drop(it, "closed before finishing its hello", p.reader.want() == sizeof(Hello));
   if (p.reader.feed(buf, static_cast<size_t>(r)) == HelloReader::State::rejected)
     return drop(it, p.reader.why(), false);
   if (p.reader.state() == HelloReader::State::done) settle_incoming(it);
@@ -224,9 +248,13 @@ void Connector::settle_incoming(Iter it) {
       return drop(it, "duplicate connection from rank " + std::to_string(peer),
                   peer > expect_.rank);
     case State::connecting:
-      if (peer > expect_.rank) return drop(it, "crossed by this rank's own connection", true);
-      // The lower rank's connection wins: ours is withdrawn (the peer closes it in turn).
-      if (auto own = outgoing_of(peer, index); own != pending_.end()) pending_.erase(own);
+      if (peer > expect_.rank) {
+        // Ours wins: say so, so that the higher rank waits for ours instead of failing.
+        const Hello refusal = hello_for(kCrossedChannel);
+        const auto* b = reinterpret_cast<const uint8_t*>(&refusal);
+        send_small(p.fd.get(), std::vector<uint8_t>(b, b + sizeof refusal));
+        return drop(it, "crossed by this rank's own connection", true);
+      }
       break;
     case State::none:
     case State::crossed:
@@ -235,6 +263,10 @@ void Connector::settle_incoming(Iter it) {
   const std::vector<uint8_t> mine =
       acceptor_hello(p.reader, hello_for(index), expect_.token, expect_.nonce);
   if (!send_small(p.fd.get(), mine)) return drop(it, "could not answer its hello", false);
+  // The lower rank's connection wins: ours, if under way, is withdrawn (the peer closes it in
+  // turn); only now that the answer is out, so that the state never says "connecting" with
+  // nothing under way.
+  if (auto own = outgoing_of(peer, index); own != pending_.end()) forget(own);
   hand_over(it, peer, index);
 }
 
@@ -242,7 +274,7 @@ void Connector::hand_over(Iter it, int peer, int index) {
   // Out of the set first: the link registers the same descriptor under its own tag.
   epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->fd.get(), nullptr);
   core::Fd fd = std::move(it->fd);
-  pending_.erase(it);
+  pending_.erase(it);  // its descriptor moved out, already out of the set
   state(peer, index) = State::attached;
   attach_(peer, index, std::move(fd));
 }
@@ -252,7 +284,7 @@ void Connector::drop(Iter it, const std::string& why, bool quiet) {
     RR_LOG(warn, expect_.rank, "dropped a data connection: ", why);
     last_drop_ = why;
   }
-  pending_.erase(it);
+  forget(it);
 }
 
 void Connector::expire() {

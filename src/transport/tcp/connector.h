@@ -14,7 +14,9 @@
 // what they hold: an incoming connection from a lower rank replaces this rank's own attempt; one
 // from a higher rank is closed while this rank's own attempt is under way, and that higher rank,
 // seeing its attempt closed by a lower rank before an answer, waits for the lower rank's instead
-// ("crossed"). A connection for a channel already attached is a duplicate and is closed.
+// ("crossed") when the lower rank says so: it answers with a hello on channel -2 before closing.
+// Any other close of an attempt before its answer is the peer's failure (a wrong token, a peer
+// gone), named at once. A connection for a channel already attached is a duplicate and is closed.
 #pragma once
 
 #include <sys/epoll.h>
@@ -102,6 +104,8 @@ class Connector {
   // A connection whose hellos are done: to its link.
   void hand_over(Iter it, int peer, int index);
   void drop(Iter it, const std::string& why, bool quiet);
+  // Takes a pending connection out of the epoll set and closes it.
+  void forget(Iter it);
   Iter outgoing_of(int peer, int index);
   Hello hello_for(int index) const;
 
