@@ -229,6 +229,27 @@ size_t shm_mappings() {
   return n;
 }
 
+// Small collectives (barriers, a 1-element allreduce), then an alltoall, each checked; rank 0
+// takes count() after each part, every rank waiting for it before going on.
+void small_ops_then_alltoall(Communicator& comm, size_t (*count)(),
+                             std::atomic<size_t>* after_small, std::atomic<size_t>* after_all) {
+  const int n = comm.size(), me = comm.rank();
+  comm.barrier();
+  int64_t sum = me;
+  comm.allreduce(&sum, &sum, 1, ringreduce::DataType::i64, ringreduce::ReduceOp::sum);
+  EXPECT_EQ(sum, n * (n - 1) / 2);
+  comm.barrier();
+  if (me == 0) *after_small = count();
+  comm.barrier();
+  std::vector<int32_t> in(static_cast<size_t>(n)), out(static_cast<size_t>(n), -1);
+  for (int j = 0; j < n; ++j) in[static_cast<size_t>(j)] = me * n + j;
+  comm.alltoall(in.data(), out.data(), 1, ringreduce::DataType::i32);
+  for (int i = 0; i < n; ++i) EXPECT_EQ(out[static_cast<size_t>(i)], i * n + me);
+  comm.barrier();
+  if (me == 0) *after_all = count();
+  comm.barrier();  // nobody closes (or unmaps) before rank 0 has counted
+}
+
 // A rank maps a peer's segment when it first sends to it (or reads its window region), not at
 // start-up: small collectives go through the host's board, and an alltoall then maps them all
 // and still comes out right. (Mapping every segment at start-up took seconds at 256 ranks.)
@@ -236,29 +257,14 @@ TEST(StartUp, SegmentsAreMappedOnFirstUse) {
   constexpr int kRanks = 16;
   for (const std::string how : {"first", "mesh"}) {
     SCOPED_TRACE("RINGREDUCE_SHM_CONNECT=" + how);
-    std::atomic<size_t> after_small{0};
+    std::atomic<size_t> after_small{0}, after_all{0};
     run_ranks(
         kRanks,
         [&](Communicator& comm) {
-          const int n = comm.size(), me = comm.rank();
-          comm.barrier();
-          int64_t sum = me;
-          comm.allreduce(&sum, &sum, 1, ringreduce::DataType::i64, ringreduce::ReduceOp::sum);
-          EXPECT_EQ(sum, n * (n - 1) / 2);
-          comm.barrier();
-          if (me == 0) after_small = shm_mappings();
-          comm.barrier();
-          std::vector<int32_t> in(static_cast<size_t>(n)), out(static_cast<size_t>(n), -1);
-          for (int j = 0; j < n; ++j) in[static_cast<size_t>(j)] = me * n + j;
-          comm.alltoall(in.data(), out.data(), 1, ringreduce::DataType::i32);
-          for (int i = 0; i < n; ++i) EXPECT_EQ(out[static_cast<size_t>(i)], i * n + me);
-          comm.barrier();
-          if (me == 0) {
-            EXPECT_EQ(shm_mappings(), static_cast<size_t>(n * n));
-          }
-          comm.barrier();  // no communicator goes (and unmaps) before rank 0 has counted
+          small_ops_then_alltoall(comm, shm_mappings, &after_small, &after_all);
         },
         {{"RINGREDUCE_SHM_CONNECT", how}}, 60s);
+    EXPECT_EQ(after_all.load(), static_cast<size_t>(kRanks * kRanks));
     // Each rank's own, the first rank's (the board), and the peers of the start-up probe's
     // recursive doubling and ring (lg N + 1): at most N (lg N + 3), against N^2 = 256 at start-up
     // before.
@@ -305,21 +311,7 @@ TEST(StartUp, TcpConnectsOnFirstUseAndCrossingAttemptsLeaveOnePerPair) {
   run_ranks(
       kRanks,
       [&](Communicator& comm) {
-        const int n = comm.size(), me = comm.rank();
-        comm.barrier();
-        int64_t sum = me;
-        comm.allreduce(&sum, &sum, 1, ringreduce::DataType::i64, ringreduce::ReduceOp::sum);
-        EXPECT_EQ(sum, n * (n - 1) / 2);
-        comm.barrier();
-        if (me == 0) after_small = tcp_connections();
-        comm.barrier();
-        std::vector<int32_t> in(static_cast<size_t>(n)), out(static_cast<size_t>(n), -1);
-        for (int j = 0; j < n; ++j) in[static_cast<size_t>(j)] = me * n + j;
-        comm.alltoall(in.data(), out.data(), 1, ringreduce::DataType::i32);
-        for (int i = 0; i < n; ++i) EXPECT_EQ(out[static_cast<size_t>(i)], i * n + me);
-        comm.barrier();
-        if (me == 0) after_all = tcp_connections();
-        comm.barrier();  // nobody closes before rank 0 has counted
+        small_ops_then_alltoall(comm, tcp_connections, &after_small, &after_all);
       },
       {{"RINGREDUCE_SHM", "0"}}, 60s);
   // The start-up probe (recursive doubling, the ring, Rabenseifner), the barriers (dissemination)
