@@ -9,6 +9,18 @@
 namespace ringreduce::transport {
 namespace {
 
+// Each rank's part of what it published for one kind ("shm=...;tcp=..."), by rank; "" if none.
+std::vector<std::string> published_parts(const ConnectArgs& a, const std::string& prefix) {
+  std::vector<std::string> parts;
+  for (const std::string& p : a.published) {
+    const size_t at = p.find(prefix);
+    parts.push_back(at == std::string::npos
+                        ? ""
+                        : p.substr(at + prefix.size(), p.find(';', at) - at - prefix.size()));
+  }
+  return parts;
+}
+
 bool same_host(const ConnectArgs& a, int peer) {
   return !a.hosts.empty() &&
          a.hosts[static_cast<size_t>(peer)] == a.hosts[static_cast<size_t>(a.rank)];
@@ -32,12 +44,7 @@ std::unique_ptr<LinkKind> shm_connect(const ConnectArgs& a, const std::vector<in
   std::sort(o.local_ranks.begin(), o.local_ranks.end());
   o.listener = a.listeners ? a.listeners->shm.get() : nullptr;
   o.check_failed = a.check_failed;
-  // Each rank's "shm=..." part of what it published.
-  for (const std::string& p : a.published) {
-    const size_t at = p.find("shm=");
-    o.published.push_back(at == std::string::npos ? ""
-                                                  : p.substr(at + 4, p.find(';', at) - at - 4));
-  }
+  o.published = published_parts(a, "shm=");
   return std::make_unique<shm::ShmKind>(o, deadline);
 }
 
@@ -65,12 +72,7 @@ std::unique_ptr<LinkKind> tcp_connect(const ConnectArgs& a, const std::vector<in
     o.listener = std::move(a.listeners->tcp);
     o.nonce = a.listeners->tcp_nonce;
   }
-  // Each rank's "tcp=..." part of what it published.
-  for (const std::string& p : a.published) {
-    const size_t at = p.find("tcp=");
-    o.published.push_back(at == std::string::npos ? ""
-                                                  : p.substr(at + 4, p.find(';', at) - at - 4));
-  }
+  o.published = published_parts(a, "tcp=");
   o.peers = peers;
   o.check_failed = a.check_failed;
   // Only detected identities say that a loopback address cannot reach a peer: hosts named with

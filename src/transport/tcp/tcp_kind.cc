@@ -1,11 +1,8 @@
 #include "transport/tcp/tcp_kind.h"
 
 #include <errno.h>
-#include <poll.h>
-#include <sched.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -14,7 +11,6 @@
 #include <cstring>
 
 #include "core/log.h"
-#include "rendezvous/socket_util.h"
 #include "ringreduce/error.h"
 #include "transport/tcp/handshake.h"
 

@@ -12,7 +12,6 @@
 
 #include "core/config.h"
 #include "core/fd.h"
-#include "ringreduce/store.h"
 #include "transport/kind.h"
 #include "transport/link.h"
 #include "transport/tcp/connector.h"
