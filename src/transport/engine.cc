@@ -35,13 +35,16 @@ Engine::Engine(const EngineOptions& options, std::vector<std::unique_ptr<LinkKin
   route_.assign(static_cast<size_t>(opts_.size), nullptr);
   for (size_t r = 0; r < route.size() && r < route_.size(); ++r)
     if (route[r] >= 0) route_[r] = kinds_.at(static_cast<size_t>(route[r])).get();
-  std::vector<Link*> lanes(static_cast<size_t>(opts_.size), nullptr);
+  std::vector<int> open;
   for (int q = 0; q < opts_.size; ++q)
-    if (route_[static_cast<size_t>(q)])
-      lanes[static_cast<size_t>(q)] = &route_[static_cast<size_t>(q)]->lane(q);
+    if (route_[static_cast<size_t>(q)] && !route_[static_cast<size_t>(q)]->lanes_on_demand())
+      open.push_back(q);
   p2p_ = std::make_unique<P2p>(
-      opts_.rank, opts_.size, std::move(lanes), opts_.p2p_eager_bytes,
-      [](void* e) { static_cast<Engine*>(e)->wake(); }, this);
+      opts_.rank, opts_.size,
+      [this](int q) {
+        return route_[static_cast<size_t>(q)] ? &route_[static_cast<size_t>(q)]->lane(q) : nullptr;
+      },
+      open, opts_.p2p_eager_bytes, [](void* e) { static_cast<Engine*>(e)->wake(); }, this);
 }
 
 Engine::~Engine() = default;
@@ -70,14 +73,18 @@ std::string Engine::kinds_text() const {
 
 bool Engine::poll_all(bool stage) {
   bool any = false;
-  uint64_t lane_receives = 0;
+  uint64_t lane_events = 0;
   for (auto& k : kinds_) {
     any |= k->poll(stage);
-    lane_receives += k->lane_receives();
+    lane_events += k->lane_events();
   }
   // After the kinds: what their links moved in this pass may complete requests now.
-  any |= p2p_->poll(lane_receives != lane_receives_seen_);
-  lane_receives_seen_ = lane_receives;
+  if (lane_events != lane_events_seen_)
+    for (auto& k : kinds_)
+      if (k->lanes_on_demand())
+        for (int q : k->take_opened_lanes()) p2p_->open_lane(q);
+  any |= p2p_->poll(lane_events != lane_events_seen_);
+  lane_events_seen_ = lane_events;
   return any;
 }
 

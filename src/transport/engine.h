@@ -95,7 +95,7 @@ class Engine final : public Transport, public Driver {
   int interrupt_code_ = 0;
   // Last: destroyed first, while the links its completions sit in still exist.
   std::unique_ptr<P2p> p2p_;
-  uint64_t lane_receives_seen_ = 0;  // the kinds' lane_receives() summed, at the last pass
+  uint64_t lane_events_seen_ = 0;  // the kinds' lane_events() summed, at the last pass
 };
 
 }  // namespace ringreduce::transport

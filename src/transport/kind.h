@@ -14,6 +14,7 @@
 #include <exception>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "core/deadline.h"
 #include "ringreduce/error.h"
@@ -67,6 +68,12 @@ class LinkKind {
   // The point-to-point lane to `peer` (p2p.h): a link of its own, beside the collectives' ones,
   // whose messages carry lane_tag().
   virtual Link& lane(int peer) = 0;
+  // Whether a lane exists only once used: a peer's first message on it comes with its connection
+  // (TCP), and take_opened_lanes() reports it. Otherwise a peer may write into any lane at any
+  // time (shared memory), and the point-to-point layer watches them all from the start.
+  virtual bool lanes_on_demand() const { return false; }
+  // The peers that opened their lane to this rank since the last call (lanes_on_demand).
+  virtual std::vector<int> take_opened_lanes() { return {}; }
   // Memory every rank reads in place (link.h), when this kind links every rank; else null.
   virtual Window* window() { return nullptr; }
   // Set once by the engine before any wait.
@@ -81,10 +88,10 @@ class LinkKind {
   // what keeps any posting order free of deadlock; asked for only before the engine sleeps).
   // Throws PeerError / MismatchError for a failed or mismatched peer.
   virtual bool poll(bool stage) = 0;
-  // Receives completed on lanes so far (a count that only grows): the engine has the
-  // point-to-point layer look at its N - 1 lanes only in a pass after it moved (at 1,024 ranks a
-  // look at every lane in every pass cost more than the pass).
-  virtual uint64_t lane_receives() const = 0;
+  // Receives completed on lanes and lanes opened by peers so far (a count that only grows): the
+  // engine has the point-to-point layer look at its lanes only in a pass after it moved (at 1,024
+  // ranks a look at every lane in every pass cost more than the pass).
+  virtual uint64_t lane_events() const = 0;
   // Wake-ups owed to peers for what primitives moved eagerly when they were posted.
   virtual void flush() {}
   // A peer's abort notice, if one has arrived: rethrown, so the op fails with the peer's reason.

@@ -64,30 +64,36 @@ struct P2p::Moving {
   Completion c;
 };
 
-P2p::P2p(int rank, int size, std::vector<Link*> lanes, size_t eager_bytes, void (*wake)(void*),
-         void* wake_arg)
-    : rank_(rank), size_(size), eager_bytes_(eager_bytes), wake_(wake), wake_arg_(wake_arg) {
+P2p::P2p(int rank, int size, std::function<Link*(int)> lane, const std::vector<int>& open,
+         size_t eager_bytes, void (*wake)(void*), void* wake_arg)
+    : rank_(rank),
+      size_(size),
+      eager_bytes_(eager_bytes),
+      wake_(wake),
+      wake_arg_(wake_arg),
+      make_lane_(std::move(lane)) {
   lanes_.resize(static_cast<size_t>(size_));
-  for (int q = 0; q < size_ && static_cast<size_t>(q) < lanes.size(); ++q) {
-    if (!lanes[static_cast<size_t>(q)]) continue;
-    auto l = std::make_unique<Lane>();
-    l->peer = q;
-    l->link = lanes[static_cast<size_t>(q)];
-    lanes_[static_cast<size_t>(q)] = std::move(l);
-  }
-  // Whatever a peer sends is taken off its lane from now on, even before anyone receives.
-  for (auto& l : lanes_)
-    if (l) post_header_recv(*l);
+  // Whatever a peer sends on these is taken off its lane from now on, even before anyone receives.
+  for (int q : open) lane_of(q);
 }
 
 P2p::~P2p() = default;
 
 P2p::Lane& P2p::lane_of(int peer) {
-  Lane* l = peer >= 0 && peer < size_ ? lanes_[static_cast<size_t>(peer)].get() : nullptr;
-  if (!l)
+  if (peer >= 0 && peer < size_ && lanes_[static_cast<size_t>(peer)])
+    return *lanes_[static_cast<size_t>(peer)];
+  Link* link = peer >= 0 && peer < size_ && peer != rank_ ? make_lane_(peer) : nullptr;
+  if (!link)
     throw InvalidArgument("rank " + std::to_string(rank_) + ": no point-to-point lane to rank " +
                           std::to_string(peer));
-  return *l;
+  auto l = std::make_unique<Lane>();
+  l->peer = peer;
+  l->link = link;
+  Lane& lane = *l;
+  lanes_[static_cast<size_t>(peer)] = std::move(l);
+  open_.push_back(&lane);
+  post_header_recv(lane);
+  return lane;
 }
 
 bool P2p::submit(P2pRequest* r) {
@@ -291,8 +297,10 @@ bool P2p::poll(bool lanes_moved) {
   }
   if (lanes_moved || look_lanes_ || outstanding_.load(std::memory_order_relaxed) > 0) {
     look_lanes_ = false;
-    for (auto& l : lanes_) {
-      if (!l || !l->in_posted || !l->in_c.done()) continue;
+    // By index: a header's handling may open another lane.
+    for (size_t i = 0; i < open_.size(); ++i) {
+      Lane* l = open_[i];
+      if (!l->in_posted || !l->in_c.done()) continue;
       l->in_posted = false;
       on_header(*l);
       any = true;
@@ -332,8 +340,8 @@ void P2p::check_lanes_and_deadlines() {
   const auto now = core::Clock::now();
   if (now < next_check_) return;
   next_check_ = now + kCheckEvery;
-  for (auto& l : lanes_)
-    if (l && !l->gone && l->link->closed()) l->gone = true;
+  for (Lane* l : open_)
+    if (!l->gone && l->link->closed()) l->gone = true;
   auto gone = [&](int peer) {
     return peer >= 0 && peer < size_ && lanes_[static_cast<size_t>(peer)] &&
            lanes_[static_cast<size_t>(peer)]->gone;

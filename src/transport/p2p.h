@@ -10,8 +10,13 @@
 // order, so messages from one sender with one tag are received in the order they were sent (MPI's
 // non-overtaking rule); a receive from any source takes the first match from any peer.
 //
-// Every lane always has a header receive posted, so whatever a peer sends is taken off its lane
-// even while no receive for it is posted: a sender never waits behind the receiver's collectives.
+// Every open lane always has a header receive posted, so whatever a peer sends is taken off its
+// lane even while no receive for it is posted: a sender never waits behind the receiver's
+// collectives. A lane opens when this rank first sends on it or, for a kind whose lanes exist only
+// once used (TCP: a connection), when the peer's first message opens it from the other side
+// (open_lane); lanes a peer may write into at any time (shared memory) are open from the start.
+// At 1,024 ranks over 8 hosts, a TCP lane to every peer made up front cost each rank 896 links
+// it never used and ~7% of the job's start-up CPU.
 // Lanes move in the engine's every pass (Engine::poll_all polls this after the kinds), so
 // point-to-point traffic progresses inside any wait: a collective's, a window's or its own.
 //
@@ -26,6 +31,7 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -71,18 +77,22 @@ static_assert(sizeof(P2pHeader) == 64);
 
 class P2p {
  public:
-  // lanes[r]: the lane to rank r (null for this rank). wake(): rouses a driver that sleeps, after a
-  // submit from another thread.
-  P2p(int rank, int size, std::vector<Link*> lanes, size_t eager_bytes, void (*wake)(void*),
-      void* wake_arg);
+  // lane(r): the link of the lane to rank r, made when first asked for (null: no lane to r, as
+  // for this rank). open: the ranks whose lanes are watched from the start. wake(): rouses a
+  // driver that sleeps, after a submit from another thread.
+  P2p(int rank, int size, std::function<Link*(int)> lane, const std::vector<int>& open,
+      size_t eager_bytes, void (*wake)(void*), void* wake_arg);
   ~P2p();
+
+  // Driver: `peer` opened its lane to this rank (LinkKind::take_opened_lanes); watched from now.
+  void open_lane(int peer) { lane_of(peer); }
 
   // Any thread: hands a request to the driver, which posts it at its next pass. False (and the
   // request is not taken) once fail_all() has run.
   bool submit(P2pRequest* r);
   // Driver: one pass. Posts submitted requests, reads arrived headers, finishes requests whose
   // bytes have moved (calling their on_done). Returns whether anything happened. lanes_moved:
-  // some lane may have completed a receive since the last pass (LinkKind::lane_receives); the
+  // some lane may have completed a receive since the last pass (LinkKind::lane_events); the
   // lanes are looked at only then, or while requests are outstanding or a header receive was
   // just posted (it may complete as it is posted).
   bool poll(bool lanes_moved = true);
@@ -110,6 +120,8 @@ class P2p {
   // r's bytes have all moved: its on_done runs at the end of this pass.
   void finish(P2pRequest* r);
   void check_lanes_and_deadlines();
+  // The lane to peer, opened (its header receive posted) if it was not; throws for a rank
+  // without one.
   Lane& lane_of(int peer);
 
   int rank_;
@@ -117,7 +129,9 @@ class P2p {
   size_t eager_bytes_;
   void (*wake_)(void*);
   void* wake_arg_;
-  std::vector<std::unique_ptr<Lane>> lanes_;  // by rank, null for this rank
+  std::function<Link*(int)> make_lane_;
+  std::vector<std::unique_ptr<Lane>> lanes_;  // by rank, null until opened
+  std::vector<Lane*> open_;                   // the opened lanes, in the order they opened
 
   std::mutex submit_mu_;
   std::vector<P2pRequest*> submitted_;  // guarded by submit_mu_

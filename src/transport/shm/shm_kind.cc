@@ -155,7 +155,7 @@ bool ShmKind::progress_all(bool stage) {
   lanes_moved_ = false;
   for (ShmLink* l : lanes_)
     if (look ? !l->idle() : l->has_pending_send())
-      if (l->progress(stage)) lanes_moved_ = any = true, ++lane_receives_;
+      if (l->progress(stage)) lanes_moved_ = any = true, ++lane_events_;
   flush_rings();
   return any;
 }

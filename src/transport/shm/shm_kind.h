@@ -115,7 +115,7 @@ class ShmKind final : public LinkKind {
   Link& lane(int peer) override;
   // Counts the passes in which a lane moved (a receive or a send: more looks than needed, never
   // fewer).
-  uint64_t lane_receives() const override { return lane_receives_; }
+  uint64_t lane_events() const override { return lane_events_; }
   // Only when every rank is here: the window algorithms read every rank's region.
   Window* window() override {
     return local_ranks_.size() == static_cast<size_t>(opts_.size) ? &window_ : nullptr;
@@ -238,7 +238,7 @@ class ShmKind final : public LinkKind {
   std::vector<ShmLink*> lanes_;   // the lanes, looked at when SegmentHeader::lane_posts moves
   uint64_t lane_posts_seen_ = 0;
   bool lanes_moved_ = false;      // a lane moved in the last pass: look again
-  uint64_t lane_receives_ = 0;    // lane_receives()
+  uint64_t lane_events_ = 0;    // lane_events()
   uint64_t notices_seen_ = 0;     // SegmentHeader::notices when no notice was found
   int gone_count_ = 0;            // peers whose process or communicator has ended
   std::vector<int> local_ranks_;  // the ranks on this host (this one too)

@@ -165,6 +165,11 @@ void TcpKind::attach(int peer, int index, core::Fd fd) {
   l.registered_events = EPOLLIN;
   l.registered = true;
   l.attach(std::move(fd));
+  // The point-to-point layer watches a lane from its connection on (it may be the peer's).
+  if (index == wires()) {
+    opened_lanes_.push_back(peer);
+    ++lane_events_;
+  }
 }
 
 void TcpKind::check_idle() {

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/config.h"
@@ -88,9 +89,11 @@ class TcpKind final : public LinkKind {
   void note_notice() { notices_ = true; }
   // Called by links when the events they want change.
   void update_interest(TcpLink& link);
-  uint64_t lane_receives() const override { return lane_receives_; }
+  bool lanes_on_demand() const override { return true; }
+  std::vector<int> take_opened_lanes() override { return std::exchange(opened_lanes_, {}); }
+  uint64_t lane_events() const override { return lane_events_; }
   // Called by a lane that completed a receive.
-  void note_lane_receive() { ++lane_receives_; }
+  void note_lane_event() { ++lane_events_; }
   // Called by a link without a connection that has something to send.
   void want_connection(TcpLink& link) { connector_->connect(link.peer(), link.channel()); }
   // The peer whose host has left our bytes unacknowledged longest, for at least a second, or -1;
@@ -127,7 +130,8 @@ class TcpKind final : public LinkKind {
   bool notices_ = false;       // some link holds a peer's abort notice
   std::vector<bool> connect_;  // by rank: whether there is a link to it
   bool congestion_warned_ = false;
-  uint64_t lane_receives_ = 0;
+  uint64_t lane_events_ = 0;
+  std::vector<int> opened_lanes_;  // take_opened_lanes()
   core::Clock::time_point last_failure_check_{};
 };
 

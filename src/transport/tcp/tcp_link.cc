@@ -255,7 +255,7 @@ void TcpLink::finish_recv() {
   if (op.next) op.next->set_ready(op.fwd, op.bytes);
   pass_on(op);
   --op.c->outstanding;
-  if (lane_) owner_->note_lane_receive();
+  if (lane_) owner_->note_lane_event();
 }
 
 void TcpLink::drain_inbox() {
@@ -336,7 +336,7 @@ void TcpLink::drain_inbox() {
 }
 
 void TcpLink::on_readable() {
-  if (!inbox_) inbox_ = std::make_unique<char[]>(kInboxBytes);
+  if (!inbox_) inbox_ = std::make_unique_for_overwrite<char[]>(kInboxBytes);
   size_t budget = kIoBudget;
   for (;;) {
     // Whatever was read must be consumed before returning: epoll will not report it again.
@@ -394,7 +394,7 @@ void TcpLink::on_readable() {
 }
 
 void TcpLink::read_pending_notice() {
-  if (!inbox_) inbox_ = std::make_unique<char[]>(kInboxBytes);
+  if (!inbox_) inbox_ = std::make_unique_for_overwrite<char[]>(kInboxBytes);
   for (int i = 0; i < 64 && inbox_end_ < kInboxBytes; ++i) {
     ssize_t r =
         ::recv(fd_.get(), inbox_.get() + inbox_end_, kInboxBytes - inbox_end_, MSG_DONTWAIT);
@@ -418,7 +418,7 @@ void TcpLink::set_notice(int32_t code, int32_t blamed, const std::string& reason
 
 bool TcpLink::salvage_notice() {
   if (notice_ || salvage_done_ || !fd_.valid()) return true;
-  if (!inbox_) inbox_ = std::make_unique<char[]>(kInboxBytes);
+  if (!inbox_) inbox_ = std::make_unique_for_overwrite<char[]>(kInboxBytes);
   if (!salvaging_) {
     salvaging_ = true;
     // The rest of a data frame in progress is skipped; a posted receive already took its first
