@@ -184,17 +184,12 @@ void FailFastStore::throw_if_failed() {
 }
 
 std::vector<uint8_t> FailFastStore::get(const std::string& key, milliseconds timeout) {
-  // One request when the key is there (a wait and then a get were two), slices as in wait().
-  const core::Deadline deadline = store_deadline(timeout);
-  for (;;) {
-    const milliseconds left(deadline.remaining_ms());
-    try {
-      return inner_->get(key, std::min(left, slice_));
-    } catch (const TimeoutError&) {
-      if (deadline.expired()) throw TimeoutError(missing_keys_message("store", {key}, timeout));
-    }
-    throw_if_failed();
-  }
+  // One request that the store answers when the key or the failure mark is set (the TCP store;
+  // others look every 100 ms): at 1,024 ranks, waits cut into slices with a look at the mark
+  // between them were 45,000 of the store's 98,000 requests.
+  if (auto v = inner_->get_unless(key, kFailed, timeout)) return std::move(*v);
+  throw_if_failed();
+  throw Error("store: the job's failure mark was set and then gone");  // not reached
 }
 
 JobTable join(Store& store, const JoinRecord& mine, uint64_t comm_id, milliseconds timeout) {

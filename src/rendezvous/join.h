@@ -52,9 +52,10 @@ std::optional<std::string> job_failure(Store& store);
 // (FailFastStore counts its readers), or `limit`, so that the store outlives the news.
 void linger_for_readers(Store& store, int others, std::chrono::milliseconds limit);
 
-// A store whose waits also watch the job's failure mark: a wait is cut into slices of
-// `slice`, and between them the mark is read; if it is there, the wait throws the failure
-// (an Error naming the rank that marked it, code aborted) instead of waiting out its timeout.
+// A store whose waits also watch the job's failure mark: if it is set, the wait throws the
+// failure (an Error naming the rank that marked it, code aborted) instead of waiting out its
+// timeout. A get is one Store::get_unless (the TCP store answers it when either key is set); a
+// wait is cut into slices of `slice`, and between them the mark is read.
 class FailFastStore : public Store {
  public:
   explicit FailFastStore(std::shared_ptr<Store> inner,

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "ringreduce/error.h"
+#include "ringreduce/store.h"
 
 namespace ringreduce::rendezvous {
 
@@ -91,3 +92,25 @@ int64_t add_counter(const std::string& store, const std::string& key, int64_t cu
 }
 
 }  // namespace ringreduce::rendezvous
+
+namespace ringreduce {
+
+std::optional<std::vector<uint8_t>> Store::get_unless(const std::string& key,
+                                                      const std::string& unless,
+                                                      std::chrono::milliseconds timeout) {
+  // Stores without a wait on either of two keys: waits of 100 ms on key, `unless` looked at
+  // between them.
+  constexpr std::chrono::milliseconds kSlice(100);
+  const core::Deadline deadline = rendezvous::store_deadline(timeout);
+  for (;;) {
+    try {
+      return get(key, std::min(std::chrono::milliseconds(deadline.remaining_ms()), kSlice));
+    } catch (const TimeoutError&) {
+      if (check({unless})) return std::nullopt;
+      if (deadline.expired())
+        throw TimeoutError(rendezvous::missing_keys_message("store", {key}, timeout));
+    }
+  }
+}
+
+}  // namespace ringreduce

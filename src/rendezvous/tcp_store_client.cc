@@ -136,6 +136,35 @@ class TcpStoreClient : public Store {
     });
   }
 
+  std::optional<std::vector<uint8_t>> get_unless(const std::string& key, const std::string& unless,
+                                                 milliseconds timeout) override {
+    check_key(key);
+    check_key(unless);
+    std::vector<uint8_t> req;
+    wire::Writer w(&req);
+    w.begin(static_cast<uint8_t>(wire::Op::get_unless));
+    w.u64(wire_timeout(timeout));
+    w.str(key);
+    w.str(unless);
+    w.end();
+    return call(wire::Op::get_unless, req, response_deadline(timeout),
+                [&](wire::Status s, wire::Reader& r) -> std::optional<std::vector<uint8_t>> {
+                  if (s == wire::Status::timeout) {
+                    (void)r.keys();
+                    r.expect_end();
+                    throw TimeoutError(missing_keys_message(name_, {key}, timeout));
+                  }
+                  expect_ok(s);
+                  const uint8_t which = r.u8();
+                  auto v = r.value();
+                  r.expect_end();
+                  if (which > 1)
+                    throw wire::ProtocolError("get_unless answered " + std::to_string(which));
+                  if (which == 1) return std::nullopt;
+                  return v;
+                });
+  }
+
   bool check(const std::vector<std::string>& keys) override {
     std::vector<uint8_t> req;
     wire::Writer w(&req);

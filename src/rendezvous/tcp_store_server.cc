@@ -98,6 +98,7 @@ struct Conn {
   // While parked: the request's op, the keys it still waits for, and its deadline.
   wire::Op parked_op = wire::Op::get;
   std::string parked_get_key;
+  std::string parked_unless;  // get_unless: the other key that ends the wait
   std::vector<std::string> parked_missing;
   Clock::time_point parked_deadline;
 
@@ -167,6 +168,8 @@ class StoreEngine {
   void unpark(Conn& c);
   void key_set(const std::string& key);
   void respond(Conn& c, wire::Status status, const std::vector<uint8_t>& payload);
+  // get_unless's answer: which key is set (key first), then its value.
+  std::vector<uint8_t> either_value(const std::string& key, const std::string& unless);
   void arm(Clock::time_point t) { next_timer_check = std::min(next_timer_check, t); }
   void warn(const std::string& what) const {
     if (log_drops_) RR_LOG(warn, -1, where, ": ", what);
@@ -463,6 +466,19 @@ void StoreEngine::execute(Conn& c, wire::Op op, wire::Reader& r) {
         park(c, op, "", std::move(missing), timeout);
       return;
     }
+    case wire::Op::get_unless: {
+      milliseconds timeout(static_cast<int64_t>(std::min<uint64_t>(r.u64(), INT64_MAX / 2)));
+      std::string key = r.key();
+      std::string unless = r.key();
+      r.expect_end();
+      if (data_.count(key) > 0 || data_.count(unless) > 0) {
+        respond(c, wire::Status::ok, either_value(key, unless));
+      } else {
+        park(c, op, key, {key, unless}, timeout);
+        if (c.state == Conn::State::parked) c.parked_unless = std::move(unless);
+      }
+      return;
+    }
     case wire::Op::check: {
       std::vector<std::string> keys = r.keys();
       r.expect_end();
@@ -509,6 +525,7 @@ void StoreEngine::unpark(Conn& c) {
   }
   c.parked_missing.clear();
   c.parked_get_key.clear();
+  c.parked_unless.clear();
   c.state = Conn::State::ready;
 }
 
@@ -519,6 +536,13 @@ void StoreEngine::key_set(const std::string& key) {
     auto it = conns.find(id);
     if (it == conns.end() || it->second.dead || it->second.state != Conn::State::parked) continue;
     Conn& w = it->second;
+    if (w.parked_op == wire::Op::get_unless) {  // either key will do
+      std::vector<uint8_t> payload = either_value(w.parked_get_key, w.parked_unless);
+      unpark(w);
+      respond(w, wire::Status::ok, payload);
+      runnable_.push_back(w.id);
+      continue;
+    }
     std::erase_if(w.parked_missing, [&](const std::string& k) { return data_.count(k) > 0; });
     if (!w.parked_missing.empty()) continue;  // still registered under its other keys
     std::vector<uint8_t> payload;
@@ -530,6 +554,16 @@ void StoreEngine::key_set(const std::string& key) {
     respond(w, wire::Status::ok, payload);
     runnable_.push_back(w.id);
   }
+}
+
+std::vector<uint8_t> StoreEngine::either_value(const std::string& key, const std::string& unless) {
+  const bool second = data_.count(key) == 0;
+  const auto& v = data_.at(second ? unless : key);
+  std::vector<uint8_t> payload;
+  wire::Writer w(&payload);
+  w.u8(second ? 1 : 0);
+  w.bytes(v.data(), v.size());
+  return payload;
 }
 
 void StoreEngine::respond(Conn& c, wire::Status status, const std::vector<uint8_t>& payload) {

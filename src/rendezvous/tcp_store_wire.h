@@ -30,6 +30,9 @@
 //   add   key, delta i64              -> ok: i64              bad_request: message
 //   wait  timeout_ms u64, n u32, keys -> ok: (empty)         timeout: keys still missing
 //   check n u32, keys                 -> ok: u8 (0 or 1)
+//   get_unless timeout_ms u64, key, unless
+//                                     -> ok: u8 (0: key, 1: unless), the value of that key
+//                                        timeout: keys (both)
 // The payload must be consumed exactly: trailing bytes are a protocol error. Every length is
 // checked against the limits below and against the bytes that remain before it is used, and a
 // peer that breaks any rule is disconnected.
@@ -47,7 +50,8 @@
 namespace ringreduce::rendezvous::wire {
 
 constexpr uint32_t kMagic = 0x52524b56;  // "RRKV"
-constexpr uint16_t kVersion = 1;
+// 2: get_unless.
+constexpr uint16_t kVersion = 2;
 
 constexpr size_t kMaxKeyBytes = 4096;
 constexpr size_t kMaxValueBytes = size_t{64} << 20;
@@ -76,11 +80,11 @@ enum class HelloStatus : uint16_t {
 // The server's answer to the client's proof.
 enum class AuthStatus : uint8_t { ok = 0, denied = 1 };
 
-enum class Op : uint8_t { set = 1, get = 2, add = 3, wait = 4, check = 5 };
+enum class Op : uint8_t { set = 1, get = 2, add = 3, wait = 4, check = 5, get_unless = 6 };
 enum class Status : uint8_t { ok = 0, timeout = 1, bad_request = 2 };
 
 inline bool valid_op(uint8_t op) {
-  return op >= 1 && op <= 5;
+  return op >= 1 && op <= 6;
 }
 inline bool valid_status(uint8_t s) {
   return s <= 2;
@@ -97,6 +101,8 @@ inline const char* op_name(Op op) {
       return "wait";
     case Op::check:
       return "check";
+    case Op::get_unless:
+      return "get_unless";
   }
   return "?";
 }
@@ -116,6 +122,8 @@ constexpr size_t max_request_payload(Op op) {
       return 8 + 4 + kMaxKeys * kKey;
     case Op::check:
       return 4 + kMaxKeys * kKey;
+    case Op::get_unless:
+      return 8 + 2 * kKey;
   }
   return 0;
 }

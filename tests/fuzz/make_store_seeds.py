@@ -7,8 +7,8 @@ import os
 import struct
 import sys
 
-MAGIC, VERSION = 0x52524B56, 1
-SET, GET, ADD, WAIT, CHECK = 1, 2, 3, 4, 5
+MAGIC, VERSION = 0x52524B56, 2
+SET, GET, ADD, WAIT, CHECK, GET_UNLESS = 1, 2, 3, 4, 5, 6
 
 
 def cmd(op, slot):
@@ -56,6 +56,10 @@ def get(k, timeout_ms):
     return frame(GET, struct.pack(">Q", timeout_ms) + s(k))
 
 
+def get_unless(k, unless, timeout_ms):
+    return frame(GET_UNLESS, struct.pack(">Q", timeout_ms) + s(k) + s(unless))
+
+
 def add(k, d):
     return frame(ADD, s(k) + struct.pack(">q", d))
 
@@ -82,6 +86,9 @@ def sessions(token):
     yield "parked", flags + both + feed(1, get(b"later", 60000)) + feed(
         1, wait([b"a", b"b"], 60000)) + feed(0, set_(b"later", b"x") + set_(b"a", b"1") +
                                               set_(b"b", b"2"))
+    yield "unless", flags + both + feed(1, get_unless(b"key", b"mark", 60000) + get_unless(
+        b"k2", b"m2", 60000)) + feed(0, set_(b"mark", b"failed") + set_(b"k2", b"v") +
+                                    get_unless(b"key", b"mark", 0) + get_unless(b"x", b"y", 5)) + advance(3)
     yield "timeout", flags + both + feed(1, get(b"never", 500) + wait([b"x"], 2000)) + advance(
         10) + advance(20) + advance(30)
     yield "bad_add", flags + base + feed(0, set_(b"c", b"abc") + add(b"c", 1) + add(

@@ -51,7 +51,7 @@ cat >"$dir/stranger.py" <<'EOF'
 import hashlib, hmac, os, socket, struct, sys, time
 
 kind, port = sys.argv[1], int(sys.argv[2])
-MAGIC, VERSION, HMAC_AUTH = 0x52524B56, 1, 1
+MAGIC, VERSION, HMAC_AUTH = 0x52524B56, 2, 1  # the store wire version (tcp_store_wire.h)
 
 def closed_by_server(s, limit):
     """Seconds until the server closed the connection (EOF or reset), or None."""

@@ -243,6 +243,46 @@ TEST_P(StoreConformance, AddOnANonIntegerValueIsInvalidArgument) {
   EXPECT_EQ(store_->get("text", 1s), bytes("hello"));  // untouched, and the store still works
 }
 
+// A wait that another key ends: start-up's waits end at once when the job is marked failed.
+TEST_P(StoreConformance, GetUnlessEndsWithWhicheverKeyComesFirst) {
+  store_->set("here", bytes("v"));
+  store_->set("mark", bytes("m"));
+  EXPECT_EQ(store_->get_unless("here", "mark", 1s), bytes("v"));  // the key wins a tie
+  EXPECT_EQ(store_->get_unless("absent", "mark", 1s), std::nullopt);
+  auto other = other_handle();
+  {
+    JoiningThread setter([&] {
+      std::this_thread::sleep_for(100ms);
+      other->set("late", bytes("l"));
+    });
+    EXPECT_EQ(store_->get_unless("late", "never", 10s), bytes("l"));
+  }
+  auto start = Clock::now();
+  {
+    JoiningThread setter([&] {
+      std::this_thread::sleep_for(100ms);
+      other->set("stop", bytes("s"));
+    });
+    EXPECT_EQ(store_->get_unless("never", "stop", 10s), std::nullopt);
+  }
+  EXPECT_LT(seconds_since(start), 2.0);
+  // Through a prefix, both keys are the prefix's.
+  PrefixStore job(store_, "job");
+  store_->set("flag", bytes("outside"));
+  EXPECT_THROW(job.get_unless("never", "flag", 50ms), TimeoutError);
+  job.set("flag", bytes("inside"));
+  EXPECT_EQ(job.get_unless("never", "flag", 1s), std::nullopt);
+  // A timeout names the key waited for, not the other one.
+  try {
+    store_->get_unless("missing-key", "other-key", 200ms);
+    FAIL() << "get_unless of two missing keys did not time out";
+  } catch (const TimeoutError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("'missing-key'"), std::string::npos) << what;
+    EXPECT_EQ(what.find("other-key"), std::string::npos) << what;
+  }
+}
+
 TEST_P(StoreConformance, GetTimeoutNamesTheKeyAndTheTimeout) {
   auto start = Clock::now();
   try {
