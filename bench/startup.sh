@@ -140,7 +140,7 @@ for lib in sorted({k[0] for k in by}):
     best = [min(float(r["first_allreduce_s"]) for r in by[(lib, n)]) for n in ns]
     ax[0].plot(ns, best, "o-", label=lib)
     best_rows = [min(by[(lib, n)], key=lambda r: float(r["first_allreduce_s"])) for n in ns]
-    if has_req and lib == "ringreduce":
+    if has_req and lib.startswith("ringreduce"):
         ax[1].plot(ns, [float(r["requests_per_rank"]) for r in best_rows], "o-", label=lib)
     elif not has_req:
         ax[1].plot(ns, [float(r["last_start_s"]) for r in best_rows], "o-", label=lib)

@@ -548,19 +548,25 @@ void ShmKind::receive_from_first(core::Fd sock, const core::Deadline& deadline,
   while (missing > 0) {
     if (deadline.expired())
       throw TimeoutError("timed out waiting for " + from + "; its log names the ranks it lacks");
+    // The first rank watches the job's failure mark while it gathers the host's ranks, and
+    // closes this connection when it fails: a look here once a second is only a safety net (ten
+    // a second from each of 255 waiting ranks were most of the store's requests at 256 ranks).
     pollfd pfd{sock.get(), POLLIN, 0};
-    ::poll(&pfd, 1, deadline.remaining_ms(100));
+    ::poll(&pfd, 1, deadline.remaining_ms(1000));
     check_failed();
     TableMsg m;
     std::vector<core::Fd> fds;
     std::string err;
     const ssize_t got = recv_with_fds(sock.get(), &m, sizeof m, 2 * kTableEntries, &fds, &err);
     if (got == -1) continue;
-    if (got == 0)
+    if (got == 0) {
+      // The first rank failed, most likely because the job did: say why, if the mark says.
+      check_job_failed(opts_.check_failed, "");
       throw PeerError(from +
                           " closed the start-up connection before handing out the host's "
                           "shared memory (a different RINGREDUCE_TOKEN? its log says why)",
                       first);
+    }
     if (got == -2)
       throw Error("rank " + std::to_string(rank) + ": receiving the host's shared memory from " +
                   from + " failed: " + err);
