@@ -25,9 +25,10 @@ class Store {
   virtual void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
   // True if every key exists now; never waits.
   virtual bool check(const std::vector<std::string>& keys) = 0;
-  // Waits until key or `unless` exists: key's value, or nullopt when `unless` came first (a wait
-  // that another event, such as the job's failure mark, must cut short). TimeoutError naming key
-  // after timeout. The TCP store answers it in one request; this default looks every 100 ms.
+  // Waits until key or `unless` exists: key's value if key is set, else nullopt once `unless` is
+  // (a wait that another event, such as the job's failure mark, must cut short). TimeoutError
+  // naming key after timeout. The TCP store answers it in one request; this default looks every
+  // 100 ms.
   virtual std::optional<std::vector<uint8_t>> get_unless(const std::string& key,
                                                          const std::string& unless,
                                                          std::chrono::milliseconds timeout);

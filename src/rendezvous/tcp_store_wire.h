@@ -127,9 +127,12 @@ constexpr size_t max_request_payload(Op op) {
   }
   return 0;
 }
-// The largest response payload: a value (the key lists of a timeout are smaller).
-constexpr size_t kMaxResponsePayload = 4 + kMaxValueBytes;
+// The largest response payload: get_unless's flag and a value (the key lists of a timeout are
+// smaller).
+constexpr size_t kMaxResponsePayload = 1 + 4 + kMaxValueBytes;
 static_assert(4 + kMaxKeys * (4 + kMaxKeyBytes) <= kMaxResponsePayload);
+// get_unless's answer for the largest value a set may store.
+static_assert(1 + 4 + kMaxValueBytes <= kMaxResponsePayload);
 
 // Malformed input from the peer. Caught where the connection is owned, which then drops it.
 class ProtocolError : public std::runtime_error {

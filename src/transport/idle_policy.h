@@ -3,8 +3,7 @@
 //
 // With no more ranks than cores, poll for spin_us and then sleep: a sleeping thread costs tens of
 // µs to wake. With more ranks than cores, yield at once, and sleep after max_idle_yields yields
-// in a row found nothing (and again after each sleep, until something moves): counted in yields,
-// not time, because a yield that lets a co-located
+// in a row found nothing: counted in yields, not time, because a yield that lets a co-located
 // rank work is the point and must not count as idle, and because sched_yield may return at once
 // while that rank is runnable (the scheduler finds it not yet eligible), so a waiter that only
 // yielded could keep the core from the very rank it waits for.
@@ -33,15 +32,11 @@ class IdlePolicy {
         idle_yields_ = 0;
         return false;
       }
-      if (idle_yields_ < max_idle_yields_) {
-        ++idle_yields_;
+      if (idle_yields_++ < max_idle_yields_) {
         sched_yield();
         return false;
       }
-      // And after a sleep that brought nothing (its cap ran out, or a wake-up for another wait),
-      // sleep again at once: only what moves earns another round of yields. At 1,024 ranks over
-      // 8 emulated hosts on two cores, ranks waiting in start-up's first collectives woke each
-      // second for 256 fruitless yields, a third of the machine.
+      idle_yields_ = 0;
       return true;
     }
     const auto now = core::Clock::now();

@@ -112,8 +112,8 @@ bool P2p::submit(P2pRequest* r) {
 
 void P2p::post_header_recv(Lane& lane) {
   look_lanes_ = true;
-  lane.in_posted = true;
   lane.link->recv(&lane.in, sizeof lane.in, &lane.in_c);
+  lane.in_posted = true;  // only once posted: a receive that threw left nothing to look at
 }
 
 void P2p::send_header(Lane& lane, uint32_t type, uint64_t tag, uint64_t bytes, uint64_t id,

@@ -84,8 +84,11 @@ class P2p {
       size_t eager_bytes, void (*wake)(void*), void* wake_arg);
   ~P2p();
 
-  // Driver: `peer` opened its lane to this rank (LinkKind::take_opened_lanes); watched from now.
-  void open_lane(int peer) { lane_of(peer); }
+  // Driver: `peer` opened its lane to this rank (LinkKind::take_opened_lanes); watched from now
+  // (nothing, once fail_all() has run: the links have failed too).
+  void open_lane(int peer) {
+    if (!failed_.load(std::memory_order_relaxed)) lane_of(peer);
+  }
 
   // Any thread: hands a request to the driver, which posts it at its next pass. False (and the
   // request is not taken) once fail_all() has run.

@@ -535,6 +535,22 @@ void ShmKind::hand_out(const core::Deadline& deadline, const std::function<void(
   // Every rank has its own reference now; this one keeps its own until it maps them.
 }
 
+void ShmKind::await_failure_mark(const core::Deadline& deadline) const {
+  // A rank that fails at start-up closes its sockets as its exception unwinds and marks the job
+  // failed after: give the mark a second to appear. A store that cannot be reached (rank 0,
+  // which hosts it, may be the rank that failed) has nothing more to say.
+  const auto until = core::Clock::now() + std::chrono::seconds(1);
+  while (core::Clock::now() < until && !deadline.expired()) {
+    try {
+      check_job_failed(opts_.check_failed, "");
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::aborted) throw;
+      return;
+    }
+    usleep(50000);
+  }
+}
+
 void ShmKind::receive_from_first(core::Fd sock, const core::Deadline& deadline,
                                  const std::function<void()>& check_failed) {
   const int rank = opts_.rank, first = local_ranks_[0];
@@ -559,17 +575,17 @@ void ShmKind::receive_from_first(core::Fd sock, const core::Deadline& deadline,
     std::string err;
     const ssize_t got = recv_with_fds(sock.get(), &m, sizeof m, 2 * kTableEntries, &fds, &err);
     if (got == -1) continue;
-    if (got == 0) {
+    if (got == 0 || got == -2) {
       // The first rank failed, most likely because the job did: say why, if the mark says.
-      check_job_failed(opts_.check_failed, "");
-      throw PeerError(from +
-                          " closed the start-up connection before handing out the host's "
-                          "shared memory (a different RINGREDUCE_TOKEN? its log says why)",
-                      first);
-    }
-    if (got == -2)
+      await_failure_mark(deadline);
+      if (got == 0)
+        throw PeerError(from +
+                            " closed the start-up connection before handing out the host's "
+                            "shared memory (a different RINGREDUCE_TOKEN? its log says why)",
+                        first);
       throw Error("rank " + std::to_string(rank) + ": receiving the host's shared memory from " +
                   from + " failed: " + err);
+    }
     if (got != static_cast<ssize_t>(sizeof m) || m.magic != kTableMagic || m.count == 0 ||
         m.count > kTableEntries || fds.size() != 2 * m.count)
       throw Error("rank " + std::to_string(rank) + ": malformed shared-memory table from " + from);

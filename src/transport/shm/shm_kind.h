@@ -196,6 +196,9 @@ class ShmKind final : public LinkKind {
   void hand_out(const core::Deadline& deadline, const std::function<void()>& check_failed);
   void receive_from_first(core::Fd sock, const core::Deadline& deadline,
                           const std::function<void()>& check_failed);
+  // After the host's first rank dropped this rank's start-up connection: throws the job's failure
+  // if it is marked within a second (the first rank marks it after its sockets close).
+  void await_failure_mark(const core::Deadline& deadline) const;
   // The links over the mapped segments, and the peers' liveness in the epoll set.
   void make_links();
   // Marks every link to q as gone (its process or communicator ended).
@@ -238,7 +241,7 @@ class ShmKind final : public LinkKind {
   std::vector<ShmLink*> lanes_;   // the lanes, looked at when SegmentHeader::lane_posts moves
   uint64_t lane_posts_seen_ = 0;
   bool lanes_moved_ = false;      // a lane moved in the last pass: look again
-  uint64_t lane_events_ = 0;    // lane_events()
+  uint64_t lane_events_ = 0;      // lane_events()
   uint64_t notices_seen_ = 0;     // SegmentHeader::notices when no notice was found
   int gone_count_ = 0;            // peers whose process or communicator has ended
   std::vector<int> local_ranks_;  // the ranks on this host (this one too)
