@@ -15,9 +15,10 @@ N, one row per size with:
         time_floor = 2 x size x N / stream_rw_bandwidth(all cores)
         fraction   = time_floor / ringreduce's best time
     (each rank reads its input once and writes its output once; stream_rw_bandwidth is
-    stream_copy's best_GBps_rw with one thread per core, the best over every round and N:
-    the highest bandwidth gives the lowest floor, so the fraction is not flattered by a
-    slow stream round).
+    stream_copy's best_GBps_rw with one thread per core, the best over every round, N and the
+    kernels that move memory the fastest ways this machine has (nt, movsb, add, add_nt: not
+    glibc's memcpy, whose cached stores add a read for ownership): the highest bandwidth gives
+    the lowest floor, so the fraction is not flattered by a slow round or a slow kernel).
 """
 import argparse
 import os
@@ -36,13 +37,17 @@ LIBS = [  # (key in file names, column title)
 ]
 MPIS = ["ompi", "mpich"]
 STREAM_RE = re.compile(
-    r"^stream copy threads=(?P<threads>\d+) size=(?P<size>\d+) .*?"
+    r"^stream (?P<kernel>\w+) threads=(?P<threads>\d+) size=(?P<size>\d+) .*?"
     r"best_GBps_rw=(?P<rw>[0-9.]+) copy_GBps=(?P<copy>[0-9.]+)", re.M)
+# The kernels whose bandwidth is the machine's limit (stream_copy.cc); glibc's "copy" only when a
+# run has nothing else (outputs of an older stream_copy).
+LIMIT_KERNELS = ("nt", "movsb", "add", "add_nt")
 
 
 def parse_stream(text):
-    """{threads: best_GBps_rw} from stream_copy's output."""
-    return {int(m.group("threads")): float(m.group("rw")) for m in STREAM_RE.finditer(text)}
+    """{(kernel, threads): best_GBps_rw} from stream_copy's output."""
+    return {(m.group("kernel"), int(m.group("threads"))): float(m.group("rw"))
+            for m in STREAM_RE.finditer(text)}
 
 
 def main():
@@ -59,7 +64,7 @@ def main():
 
     # data[n][lib][size] -> list of (time, busbw, wrong, round)
     data = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
-    stream = defaultdict(list)  # threads -> [best_GBps_rw of each run]
+    stream = defaultdict(list)  # (kernel, threads) -> [best_GBps_rw of each run]
     runs = defaultdict(lambda: defaultdict(int))  # n -> lib -> files with rows
     not_in_place = []
     failed = []
@@ -74,8 +79,8 @@ def main():
             v = parse_stream(text)
             if not v:
                 failed.append(fn)
-            for threads, bw in v.items():
-                stream[threads].append(bw)
+            for key, bw in v.items():
+                stream[key].append(bw)
             continue
         rows = parse_rows(text, in_place=True)
         if not rows:
@@ -102,14 +107,17 @@ def main():
         "ringreduce's time, i.e. the fraction of the memory-bandwidth limit ringreduce reaches. "
         "A `!` marks a size where some run reported wrong results.\n")
 
-    all_threads = max(stream) if stream else None
-    stream_bw = max(stream[all_threads]) if all_threads else None
+    all_threads = max(t for _, t in stream) if stream else None
+    limit = [k for k in stream if k[1] == all_threads and k[0] in LIMIT_KERNELS] or \
+        [k for k in stream if k[1] == all_threads]
+    limit_key = max(limit, key=lambda k: max(stream[k])) if limit else None
+    stream_bw = max(stream[limit_key]) if limit_key else None
     if stream:
-        for threads in sorted(stream):
-            s = stream[threads]
-            out.append(f"stream copy, {threads} thread{'s' if threads > 1 else ''}: best "
+        for kernel, threads in sorted(stream):
+            s = stream[(kernel, threads)]
+            out.append(f"stream {kernel}, {threads} thread{'s' if threads > 1 else ''}: best "
                        f"{max(s):.2f} GB/s read+write (runs: {', '.join(f'{v:.2f}' for v in s)})"
-                       + ("  <- the limit used" if threads == all_threads else "") + "\n")
+                       + ("  <- the limit used" if (kernel, threads) == limit_key else "") + "\n")
     else:
         out.append("no stream_copy results: no memory-bandwidth column\n")
 

@@ -11,7 +11,8 @@
 #   mpich       MPICH MPI_Allreduce with its defaults (ch4: its POSIX shared memory between
 #               ranks of one host), MPI_IN_PLACE:
 #               mpiexec.mpich -bind-to core -n N build/bench/peers/mpich_allreduce ... -i 1
-#   stream      build/bench/stream_copy -t 1,NCORES (memcpy bandwidth of one and of all cores)
+#   stream      build/bench/stream_copy -t 1,NCORES (memory bandwidth of one and of all cores, for
+#               each of its kernels: memcpy, non-temporal copy, rep movsb, a += b, c = a + b)
 # For each N, ROUNDS interleaved rounds run every library once (the order rotates per round).
 # Raw outputs go to OUTDIR/raw/, a log of every run to OUTDIR/runs.log, and the markdown table
 # made by bench/make_shm_table.py to OUTDIR/table.md: best-of-rounds busbw per size for each
@@ -23,9 +24,9 @@
 #   in between (partial sums can stay in cache; at these sizes the buffers cannot). So
 #     time_floor = 2 x size x N / stream_rw_bandwidth(all cores)
 #   where stream_rw_bandwidth is stream_copy's best_GBps_rw with one thread per core (bytes
-#   read + bytes written per second, the best of every round), and
+#   read + bytes written per second, the best of every round and of the kernels that move
+#   memory fastest: non-temporal copy, rep movsb, a += b, c = a + b), and
 #     fraction = time_floor / measured_time  (= ringreduce busbw / the busbw at time_floor).
-#   It ignores the read-for-ownership of cached stores, so it is an optimistic floor.
 #
 # usage: bench/shm_compare.sh [-o OUTDIR] [-N "2 4 8"] [-r ROUNDS] [-b MIN] [-e MAX] [-f FACTOR]
 #                             [-l "ringreduce ompi mpich stream"] [-t RUN_TIMEOUT_S]

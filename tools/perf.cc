@@ -8,8 +8,12 @@
 // so busbw compares with the link's bandwidth whatever the rank count. Time is the slowest rank's
 // mean over the timed iterations. #wrong counts elements, over all ranks, that differ from the
 // exact answer (inputs are small integers, so every answer is exact). Exits non-zero if any is.
+// After the algorithm, how stable the times are, out of place then in place: the first call of
+// the size (from a barrier, before any warm-up: what a training job's first step pays), and the
+// min / median / max of the per-call times of the timed iterations (each the slowest rank's).
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -352,12 +356,25 @@ struct Result {
   double time_us = 0;
   uint64_t wrong = 0;
   std::string algo;
+  double first_us = 0, min_us = 0, median_us = 0, max_us = 0;
 };
+
+double seconds(Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
 
 Result measure(Bench& b, bool in_place) {
   Communicator& comm = b.comm;
   Result res;
-  for (long i = 0; i < b.args.warmup; ++i) b.run(in_place);
+  // The first call of this size, every rank starting together: the second barrier finds every
+  // rank awake (ranks that waited long in the first may have slept, and their wake-up would be
+  // counted as the call's).
+  comm.barrier();
+  comm.barrier();
+  const auto start = Clock::now();
+  b.run(in_place);
+  res.first_us = max_over_ranks(comm, seconds(Clock::now() - start)) * 1e6;
+  for (long i = 1; i < b.args.warmup; ++i) b.run(in_place);
   // Time one iteration (slowest rank, so every rank computes the same counts below).
   comm.barrier();
   auto probe = Clock::now();
@@ -373,11 +390,27 @@ Result measure(Bench& b, bool in_place) {
     // Adaptive: aim for target_seconds per measurement.
     iters = static_cast<long>(std::clamp(b.args.target_seconds / one, 5.0, 20000.0));
   }
+  // One clock read per call: each call's time is the gap between consecutive reads, and the mean
+  // is the loop's total, as it was without them.
+  std::vector<double> per_call(static_cast<size_t>(iters));
   comm.barrier();
-  auto t0 = Clock::now();
-  for (long i = 0; i < iters; ++i) b.run(in_place);
-  double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  res.time_us = max_over_ranks(comm, secs / static_cast<double>(iters)) * 1e6;
+  const auto t0 = Clock::now();
+  auto prev = t0;
+  for (long i = 0; i < iters; ++i) {
+    b.run(in_place);
+    const auto now = Clock::now();
+    per_call[static_cast<size_t>(i)] = seconds(now - prev);
+    prev = now;
+  }
+  std::sort(per_call.begin(), per_call.end());
+  // The slowest rank's mean, min, median and max, in one allreduce.
+  double stats[4] = {seconds(prev - t0) / static_cast<double>(iters), per_call.front(),
+                     per_call[per_call.size() / 2], per_call.back()};
+  comm.allreduce(stats, stats, 4, DataType::f64, ReduceOp::max);
+  res.time_us = stats[0] * 1e6;
+  res.min_us = stats[1] * 1e6;
+  res.median_us = stats[2] * 1e6;
+  res.max_us = stats[3] * 1e6;
   if (b.args.check) {
     b.fill(in_place);
     Work w = b.issue(in_place);
@@ -457,11 +490,13 @@ int main(int argc, char** argv) {
       std::printf("#  Rank  0 Pid %6d on %s\n", getpid(), host);
       std::printf("#  Buffers in %s memory%s\n#\n", args.device ? "device" : "host",
                   args.device ? (" (" + reduce::cuda::device_description() + ")").c_str() : "");
-      std::printf("# %10s %12s %8s %6s %6s  %9s %7s %7s %6s  %9s %7s %7s %6s  %s\n", "", "", "", "",
-                  "", "out-of-place", "", "", "", "in-place", "", "", "", "");
-      std::printf("# %10s %12s %8s %6s %6s  %9s %7s %7s %6s  %9s %7s %7s %6s  %s\n", "size",
+      std::printf("# %10s %12s %8s %6s %6s  %9s %7s %7s %6s  %9s %7s %7s %6s  %-20s  %s\n", "", "",
+                  "", "", "", "out-of-place", "", "", "", "in-place", "", "", "", "",
+                  "per call (us): out-of-place | in-place");
+      std::printf("# %10s %12s %8s %6s %6s  %9s %7s %7s %6s  %9s %7s %7s %6s  %-20s  %s\n", "size",
                   "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time",
-                  "algbw", "busbw", "#wrong", "algo");
+                  "algbw", "busbw", "#wrong", "algo",
+                  "first min median max | first min median max");
       std::printf("# %10s %12s %8s %6s %6s  %9s %7s %7s %6s  %9s %7s %7s %6s\n", "(B)",
                   "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
                   "(GB/s)", "");
@@ -493,19 +528,29 @@ int main(int argc, char** argv) {
           bw_sum += algbw(oop.time_us) * f;
           ++bw_rows;
           if (print) {
-            char ipbuf[96];
-            if (in_place_ok)
+            char ipbuf[96], spread[160];
+            auto times = [](const Result& r) {
+              char t[80];
+              std::snprintf(t, sizeof t, "%.2f %.2f %.2f %.2f", r.first_us, r.min_us, r.median_us,
+                            r.max_us);
+              return std::string(t);
+            };
+            if (in_place_ok) {
               std::snprintf(ipbuf, sizeof ipbuf, "%9.2f %7.3f %7.3f %6llu", ip.time_us,
                             algbw(ip.time_us), algbw(ip.time_us) * f,
                             static_cast<unsigned long long>(ip.wrong));
-            else
+              std::snprintf(spread, sizeof spread, "%s | %s", times(oop).c_str(),
+                            times(ip).c_str());
+            } else {
               std::snprintf(ipbuf, sizeof ipbuf, "%9s %7s %7s %6s", "N/A", "N/A", "N/A", "N/A");
-            std::printf("  %10zu %12zu %8s %6s %6d  %9.2f %7.3f %7.3f %6llu  %s  %s\n",
+              std::snprintf(spread, sizeof spread, "%s | N/A", times(oop).c_str());
+            }
+            std::printf("  %10zu %12zu %8s %6s %6d  %9.2f %7.3f %7.3f %6llu  %s  %-20s  %s\n",
                         count * elem, count, dtype_name(dtype),
                         reduces(args.coll) ? op_name(op) : "none",
                         rooted(args.coll) ? args.root : -1, oop.time_us, algbw(oop.time_us),
                         algbw(oop.time_us) * f, static_cast<unsigned long long>(oop.wrong), ipbuf,
-                        oop.algo.c_str());
+                        oop.algo.c_str(), spread);
             std::fflush(stdout);
           }
           const size_t next = static_cast<size_t>(static_cast<double>(bytes) * args.factor);
