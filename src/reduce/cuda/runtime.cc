@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -38,11 +39,24 @@ int read_adds(dl_phdr_info* info, size_t, void* out) {
   return 1;  // the first object carries the count: stop there
 }
 
-// The driver's cuCtxGetCurrent if libcuda is loaded in this process; null otherwise. Looking for
-// a library by name (dlopen with RTLD_NOLOAD) costs ~175 us here, so it is done again only when
-// the process has loaded another library since the last look (glibc's count of loads, which
-// dl_iterate_phdr gives for ~12 ns): exact, so a call right after the application starts CUDA
-// sees it, and cheap on every call of a program that never does.
+// The path of the loaded libcuda (the driver: libcuda.so.1, or a versioned name), if any.
+int find_libcuda(dl_phdr_info* info, size_t, void* out) {
+  const char* name = info->dlpi_name;
+  if (!name) return 0;
+  const char* slash = std::strrchr(name, '/');
+  const char* base = slash ? slash + 1 : name;
+  if (std::strncmp(base, "libcuda.so", 10) != 0) return 0;
+  *static_cast<std::string*>(out) = name;
+  return 1;
+}
+
+// The driver's cuCtxGetCurrent if libcuda is loaded in this process; null otherwise. The loaded
+// objects are looked at again only when the process has loaded another library since the last
+// look (glibc's count of loads, which dl_iterate_phdr gives for ~12 ns): exact, so a call right
+// after the application starts CUDA sees it, and cheap on every call of a program that never
+// does. The look walks the loaded objects' names (microseconds); asking the loader for
+// "libcuda.so.1" with RTLD_NOLOAD instead searched the library path when it was not loaded
+// (40-odd failed opens, hundreds of microseconds on every program's first call).
 CtxGetCurrent ctx_get_current() {
   if (CtxGetCurrent f = g_ctx_get_current.load(std::memory_order_acquire)) return f;
   unsigned long long adds = 0;
@@ -53,8 +67,11 @@ CtxGetCurrent ctx_get_current() {
   std::lock_guard<std::mutex> lk(look_mu);
   if (CtxGetCurrent f = g_ctx_get_current.load(std::memory_order_acquire)) return f;
   CtxGetCurrent f = nullptr;
-  // The handle is kept: libcuda is never unloaded once a process has used it.
-  if (void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD)) {
+  // The handle is kept: libcuda is never unloaded once a process has used it. Opened by the
+  // loaded object's own path, so the loader finds it among the loaded ones without a search.
+  std::string path;
+  dl_iterate_phdr(find_libcuda, &path);
+  if (void* lib = path.empty() ? nullptr : dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD)) {
     f = reinterpret_cast<CtxGetCurrent>(dlsym(lib, "cuCtxGetCurrent"));
     if (f) g_ctx_get_current.store(f, std::memory_order_release);
   }
