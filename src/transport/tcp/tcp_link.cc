@@ -491,6 +491,35 @@ void TcpLink::peer_closed(int err) {
 // ---------------------------------------------------------------------------------------------
 // Failure
 
+// A frame half written when this rank fails would leave no place for the abort notice, and the
+// peer, seeing the stream end, would blame this rank rather than the cause (seen under load:
+// a reduce whose rank 3 aborted mid-frame to rank 0 after rank 2 died). So its rest is written
+// now, if all of it is there (a forward still receiving is not) and the socket takes it at once:
+// the genuine bytes of a live op (the op is failing, not done, so its buffers are still held),
+// at most a few non-blocking writes.
+void TcpLink::finish_frame_for_notice() {
+  SendOp& op = sends_.front();
+  const size_t frame = sizeof(FrameHeader) + op.bytes;
+  if (writable_prefix(op) != frame) return;
+  for (int attempt = 0; attempt < 8 && op.written < frame; ++attempt) {
+    iovec iov[2];
+    int n = 0;
+    const size_t hdr = sizeof(FrameHeader);
+    if (op.written < hdr)
+      iov[n++] = {reinterpret_cast<char*>(&op.header) + op.written, hdr - op.written};
+    const size_t off = op.written > hdr ? op.written - hdr : 0;
+    if (op.bytes > off) iov[n++] = {const_cast<char*>(op.data) + off, op.bytes - off};
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(n);
+    const ssize_t w = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return;
+    op.written += static_cast<size_t>(w);
+  }
+  if (op.written == frame) sends_.pop_front();
+}
+
 void TcpLink::fail(int code, int blamed_rank, const std::string& reason) {
   if (failed_) return;
   // Forget every primitive: their buffers and completions belong to an op that is unwinding.
@@ -501,9 +530,11 @@ void TcpLink::fail(int code, int blamed_rank, const std::string& reason) {
     failed_ = true;
     return;
   }
+  if (!sends_.empty() && sends_.front().written > 0) finish_frame_for_notice();
   const bool mid_frame = !sends_.empty() && sends_.front().written > 0;
   if (mid_frame) {
-    // A partial frame cannot be followed by a notice; the peer will see the stream end instead.
+    // A partial frame cannot be followed by a notice; the peer will see the stream end instead
+    // (and blame this rank, not the cause).
     sends_.clear();
   } else {
     sends_.clear();

@@ -95,6 +95,8 @@ class TcpLink final : public Link {
   };
   // How much of op's frame (header + payload) may be written now.
   static size_t writable_prefix(const SendOp& op);
+  // On failure: writes the rest of the front frame if it can at once (fail() explains).
+  void finish_frame_for_notice();
   struct RecvOp {
     RecvKind kind = RecvKind::plain;
     char* dst = nullptr;
