@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""How much of DDP's gradient allreduce hides behind backprop: one rank of the benchmark.
+
+    build/tools/ringrun -n 2 python3 bench/ddp_overlap.py --backend ringreduce
+    build/tools/ringrun -n 2 python3 bench/ddp_overlap.py --backend gloo
+
+A model whose gradients are large enough for communication to matter (an MLP of --width wide
+layers, 42M parameters by default: 168 MB of float32 gradients), DDP with its default 25 MiB
+buckets, synthetic data, one thread per rank. Three timings in the same processes, each the
+median over --steps steps after --warmup:
+  - step:   forward + backward (DDP's bucket allreduces overlapped with it) + optimizer step;
+  - ideal:  the same step under DDP's no_sync(): no communication at all, the same processes
+            competing for the same cores;
+  - comm:   the gradients' allreduce alone, bucket by bucket as DDP sends them (25 MiB each),
+            with nothing to hide behind.
+Rank 0 prints one line:
+  ddp: backend=B ranks=N params=P step_ms=S ideal_ms=I comm_ms=C overhead_ms=S-I hidden=H
+where hidden = 1 - (step - ideal) / comm: the share of the communication that backprop covered
+(1: all of it; 0: none, the step paid the whole allreduce on top).
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+try:
+    import torch
+except ImportError:
+    # Debian's python3-torch belongs to the system interpreter (examples/train_ddp.py does the same).
+    _SYS = "/usr/bin/python3"
+    if os.path.exists(_SYS) and os.path.realpath(sys.executable) != os.path.realpath(_SYS):
+        os.execv(_SYS, [_SYS] + sys.argv)
+    raise
+import torch.distributed as dist
+
+try:
+    import ringreduce  # noqa: F401
+except ImportError:
+    _build = os.environ.get("RINGREDUCE_BUILD") or str(Path(__file__).resolve().parents[1] / "build")
+    sys.path.insert(0, str(Path(_build) / "python"))
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--backend", choices=["ringreduce", "gloo"], default="ringreduce")
+    p.add_argument("--width", type=int, default=4096, help="hidden width (default 4096)")
+    p.add_argument("--layers", type=int, default=2, help="hidden width x width layers")
+    p.add_argument("--batch", type=int, default=16, help="samples per rank per step")
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP's bucket_cap_mb")
+    return p.parse_args()
+
+
+def median_ms(fn, steps, warmup):
+    times = []
+    for i in range(warmup + steps):
+        t0 = time.perf_counter()
+        fn()
+        if i >= warmup:
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def main():
+    args = parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(1234)
+    if args.backend == "ringreduce":
+        import ringreduce.torch  # noqa: F401  (registers the backend)
+    dist.init_process_group(args.backend, timeout=timedelta(seconds=300))
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    width, inner = args.width, 1024
+    layers = [torch.nn.Linear(inner, width), torch.nn.ReLU()]
+    for _ in range(args.layers):
+        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    layers += [torch.nn.Linear(width, inner)]
+    net = torch.nn.Sequential(*layers)
+    params = sum(p.numel() for p in net.parameters())
+    model = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=args.bucket_mb)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    x = torch.randn(args.batch, inner)
+    y = torch.randn(args.batch, inner)
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+
+    def ideal():
+        with model.no_sync():
+            step()
+
+    # The allreduce alone, in DDP's buckets: the gradients' bytes cut into bucket-sized pieces.
+    flat = torch.randn(params)
+    bucket = int(args.bucket_mb * 1024 * 1024) // 4
+    pieces = [flat[i:i + bucket] for i in range(0, flat.numel(), bucket)]
+
+    def comm():
+        works = [dist.all_reduce(p, async_op=True) for p in pieces]
+        for w in works:
+            w.wait()
+
+    # Interleaved, so that the three see the same machine; each phase starts together.
+    results = {"step": [], "ideal": [], "comm": []}
+    for _ in range(3):
+        for name, fn in (("step", step), ("ideal", ideal), ("comm", comm)):
+            dist.barrier()
+            results[name].append(median_ms(fn, args.steps, args.warmup))
+    # The slowest rank's figure of the best round.
+    best = torch.tensor([min(results[k]) for k in ("step", "ideal", "comm")], dtype=torch.float64)
+    dist.all_reduce(best, op=dist.ReduceOp.MAX)
+    s, i, c = best.tolist()
+    if rank == 0:
+        hidden = 1 - (s - i) / c if c > 0 else float("nan")
+        print(f"ddp: backend={args.backend} ranks={world} params={params} "
+              f"grad_mb={params * 4 / 1e6:.0f} step_ms={s:.1f} ideal_ms={i:.1f} comm_ms={c:.1f} "
+              f"overhead_ms={s - i:.1f} hidden={hidden:.2f}", flush=True)
+    # No destroy_process_group(): with torch 1.13's gloo it could hang at exit here; the
+    # process's end closes every connection either way.
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    main()
