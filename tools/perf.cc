@@ -380,8 +380,7 @@ Result measure(Bench& b, bool in_place) {
   comm.barrier();
   auto probe = Clock::now();
   b.run(in_place);
-  const double one = std::max(
-      max_over_ranks(comm, std::chrono::duration<double>(Clock::now() - probe).count()), 1e-7);
+  const double one = std::max(max_over_ranks(comm, seconds(Clock::now() - probe)), 1e-7);
   // Small sizes also warm up for ~20 ms: cores that were idle halt, and the first few hundred
   // microseconds after waking them are not the steady state a training loop sees.
   for (long i = 0, extra = static_cast<long>(std::min(0.02 / one, 2000.0)); i < extra; ++i)
