@@ -272,7 +272,7 @@ ShmKind::ShmKind(const ShmOptions& opts, const core::Deadline& deadline) : opts_
       syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, 0, 0) == 0 ? 1 : 0;
   mine_window_ = static_cast<char*>(p) + window_offset(nfifos);
   if (local_ranks_[0] == opts_.rank) board_ = board_at(p, nfifos);
-  if (prefault()) touch_pages(mine_window_, Window::kHotBytes, /*write=*/true);
+  if (prefault()) touch_own_pages();
 
   doorbell_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   epoll_.reset(epoll_create1(EPOLL_CLOEXEC));
@@ -289,9 +289,31 @@ ShmKind::ShmKind(const ShmOptions& opts, const core::Deadline& deadline) : opts_
   if (local_ranks_.size() > 1) connect_peers(deadline);
   // The peers have mapped it; nobody needs the fd any more.
   memfd_.reset();
-  if (prefault())
-    for (int q : local_ranks_)
-      if (q != opts_.rank) touch_pages(window_of(q), Window::kHotBytes, /*write=*/false);
+  if (prefault()) touch_peer_pages();
+}
+
+// Written with the values they hold: nobody else has mapped the segment yet.
+void ShmKind::touch_own_pages() {
+  const bool whole = local_ranks_.size() <= kPrefaultWholeMaxRanks;
+  touch_pages(mine_window_, whole ? kWindowBytes : Window::kHotBytes, /*write=*/true);
+  if (!whole) return;
+  for (int q : local_ranks_)
+    if (q != opts_.rank)
+      touch_pages(fifo_at(mine_.get(), fifo_index(q, 0)).data(0), kSlots * kSlotBytes,
+                  /*write=*/true);
+}
+
+// The peers' windows are only read here. Our FIFO to q (its channel 0, which the ring and the
+// rooted collectives use) has its slots written by nobody but us: written with their values.
+void ShmKind::touch_peer_pages() {
+  const bool whole = local_ranks_.size() <= kPrefaultWholeMaxRanks;
+  for (int q : local_ranks_) {
+    if (q == opts_.rank) continue;
+    touch_pages(window_of(q), whole ? kWindowBytes : Window::kHotBytes, /*write=*/false);
+    if (whole)
+      touch_pages(fifo_at(segment(q).get(), fifo_index(opts_.rank, 0)).data(0), kSlots * kSlotBytes,
+                  /*write=*/true);
+  }
 }
 
 ShmKind::~ShmKind() {
@@ -655,12 +677,8 @@ void ShmKind::make_links() {
     // Channel `channels` is the lane.
     for (int ch = 0; ch <= opts_.channels; ++ch) {
       // Our FIFO from q lives in our segment at q's local index; our FIFO to q in q's at ours.
-      const auto fifo = [&](int r) {
-        return static_cast<size_t>(local_index_[static_cast<size_t>(r)]) * stride() +
-               static_cast<size_t>(ch);
-      };
-      auto l = std::make_unique<ShmLink>(this, q, fifo_at(mine_.get(), fifo(q)), fifo(rank),
-                                         /*lane=*/ch == opts_.channels);
+      auto l = std::make_unique<ShmLink>(this, q, fifo_at(mine_.get(), fifo_index(q, ch)),
+                                         fifo_index(rank, ch), /*lane=*/ch == opts_.channels);
       active_.push_back(l.get());
       (ch == opts_.channels ? lanes_ : chans_).push_back(l.get());
       links_[static_cast<size_t>(q) * stride() + static_cast<size_t>(ch)] = std::move(l);

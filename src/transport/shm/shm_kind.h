@@ -260,13 +260,24 @@ class ShmKind final : public LinkKind {
   uint64_t fingerprint_ = 0;
   bool stream_output_ = false;
   char* mine_window_ = nullptr;
-  // Whether creation touches the pages of every window's hot part (Window::kHotBytes: this
-  // rank's, written; its peers', read), so that a small op's first call does not fault them in.
-  // On a few ranks per host only: each rank maps and touches all N (at 16 ranks on this VM's 2
-  // cores, 0.72-0.76 -> 0.76-0.81 s to ready; the whole 2 MiB windows cost 0.3-0.45 s); above,
-  // segments stay mapped on first use (StartUp.SegmentsAreMappedOnFirstUse, at 16 ranks).
+  // Whether creation touches the pages ops use, so that an op's first call does not fault them
+  // in (10-20 us a page on some VMs: 17 ms for a 1 MiB allreduce's first call at N = 4, against
+  // its 0.2 ms median). Up to kPrefaultWholeMaxRanks ranks per host, every window whole and the
+  // channel-0 FIFOs both ways (at N = 4, 3.5k pages a rank); up to kPrefaultMaxRanks, every
+  // window's hot part (Window::kHotBytes, where the small ops keep their data). Above, nothing:
+  // segments stay mapped on first use (StartUp.SegmentsAreMappedOnFirstUse, at 16 ranks), since
+  // each rank maps all N windows (at 16 ranks on this VM's 2 cores the hot parts cost 0.72-0.76
+  // -> 0.76-0.81 s to ready, the whole windows 0.3-0.45 s more).
   bool prefault() const { return local_ranks_.size() <= kPrefaultMaxRanks; }
   static constexpr size_t kPrefaultMaxRanks = 8;
+  static constexpr size_t kPrefaultWholeMaxRanks = 4;
+  void touch_own_pages();   // before any peer maps our segment
+  void touch_peer_pages();  // once every peer's segment is mapped
+  // Index of the FIFO from local rank `from` on `channel` in its receiver's segment.
+  size_t fifo_index(int from, int channel) const {
+    return static_cast<size_t>(local_index_[static_cast<size_t>(from)]) * stride() +
+           static_cast<size_t>(channel);
+  }
   ShmWindow window_{this};
   std::function<std::string(const OpTag&)> describe_;
   bool aborted_ = false;
