@@ -141,6 +141,21 @@ void TcpLink::send(const void* src, size_t bytes, Completion* c) {
   enqueue_send(src, bytes, c);
 }
 
+size_t TcpLink::frame_iovecs(SendOp& op, size_t limit, iovec* iov, int* n) {
+  const size_t hdr = sizeof(FrameHeader);
+  size_t bytes = 0;
+  if (op.written < hdr) {
+    iov[(*n)++] = {reinterpret_cast<char*>(&op.header) + op.written, hdr - op.written};
+    bytes += hdr - op.written;
+  }
+  const size_t from = std::max(op.written, hdr);
+  if (limit > from) {
+    iov[(*n)++] = {const_cast<char*>(op.data) + (from - hdr), limit - from};
+    bytes += limit - from;
+  }
+  return bytes;
+}
+
 void TcpLink::on_writable() {
   size_t budget = kIoBudget;
   while (!sends_.empty() && sends_.front().written < writable_prefix(sends_.front()) &&
@@ -151,22 +166,10 @@ void TcpLink::on_writable() {
     int n = 0;
     size_t total = 0;
     for (auto it = sends_.begin(); it != sends_.end() && n + 2 <= kMaxIov && total < budget; ++it) {
-      const size_t hdr = sizeof(FrameHeader);
       const size_t limit = writable_prefix(*it);
       if (it->written >= limit) break;
-      if (it->written < hdr) {
-        iov[n++] = {reinterpret_cast<char*>(&it->header) + it->written, hdr - it->written};
-        total += hdr - it->written;
-        if (limit > hdr) {
-          iov[n++] = {const_cast<char*>(it->data), limit - hdr};
-          total += limit - hdr;
-        }
-      } else {
-        size_t off = it->written - hdr;
-        iov[n++] = {const_cast<char*>(it->data) + off, limit - hdr - off};
-        total += limit - hdr - off;
-      }
-      if (limit < hdr + it->bytes) break;  // a partly ready frame: nothing after it may go yet
+      total += frame_iovecs(*it, limit, iov, &n);
+      if (limit < sizeof(FrameHeader) + it->bytes) break;  // partly ready: nothing after it yet
     }
     msghdr msg{};
     msg.msg_iov = iov;
@@ -504,11 +507,7 @@ void TcpLink::finish_frame_for_notice() {
   for (int attempt = 0; attempt < 8 && op.written < frame; ++attempt) {
     iovec iov[2];
     int n = 0;
-    const size_t hdr = sizeof(FrameHeader);
-    if (op.written < hdr)
-      iov[n++] = {reinterpret_cast<char*>(&op.header) + op.written, hdr - op.written};
-    const size_t off = op.written > hdr ? op.written - hdr : 0;
-    if (op.bytes > off) iov[n++] = {const_cast<char*>(op.data) + off, op.bytes - off};
+    frame_iovecs(op, frame, iov, &n);
     msghdr msg{};
     msg.msg_iov = iov;
     msg.msg_iovlen = static_cast<size_t>(n);

@@ -95,6 +95,9 @@ class TcpLink final : public Link {
   };
   // How much of op's frame (header + payload) may be written now.
   static size_t writable_prefix(const SendOp& op);
+  // Appends to iov[*n] the (at most two) pieces of op's frame from what is written up to `limit`
+  // (header, then payload); returns the bytes they cover.
+  static size_t frame_iovecs(SendOp& op, size_t limit, iovec* iov, int* n);
   // On failure: writes the rest of the front frame if it can at once (fail() explains).
   void finish_frame_for_notice();
   struct RecvOp {
