@@ -146,7 +146,7 @@ def main():
         for w in works:
             w.wait()
 
-    # Interleaved, so that the three see the same machine; each phase starts together.
+    # Interleaved, so that the four see the same machine; each phase starts together.
     phases = (("step", step), ("nocomm", nocomm), ("ideal", ideal), ("comm", comm))
     results = {name: [] for name, _ in phases}
     for _ in range(3):
