@@ -41,7 +41,15 @@
 #   MPI_BIND=none and MPICH_BIND=none turn that off for the MPIs (and pass --bind none to
 #   ringrun yourself). A library whose programs or launcher are missing is skipped, with a
 #   message. Every process started here is bounded by `timeout` and killed on exit.
+#   Memory: every library's ranks run with glibc's malloc told to keep what it frees
+#   (GLIBC_TUNABLES below; PEER_MALLOC=system leaves glibc's defaults). OpenMPI allocates a
+#   temporary buffer per large allreduce, which glibc maps afresh each call; on a VM where a
+#   page's first touch costs 18 us that was 0.28 s of every 64 MiB call (0.23 GB/s busbw at N = 2,
+#   4.37 with the setting): a measure of the VM's page faults, not of the library.
 set -euo pipefail
+if [ "${PEER_MALLOC:-keep}" = keep ]; then
+  export GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736
+fi
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -200,6 +208,7 @@ fi
   echo "sizes: -b $MIN -e $MAX -f $FACTOR; N: $NS; rounds: $ROUNDS; peer flags: ${PEER_FLAGS:-none}"
   echo "stream: stream_copy -s $STREAM_SIZE -t 1,$NCORES"
   echo "placement: ringrun default; mpirun --bind-to ${MPI_BIND:-core:overload-allowed}; mpiexec.mpich $MPICH_PLACEMENT"
+  echo "malloc: ${GLIBC_TUNABLES:-glibc defaults}"
   for p in openmpi-bin libmpich-dev; do
     echo "$p: $(dpkg-query -W -f='${Version}' "$p" 2>/dev/null || echo missing)"
   done
@@ -209,7 +218,7 @@ cat "$OUT/setup.txt" >&2
 # ---- 4. runs ----
 # shellcheck disable=SC2206  # MPIRUN_EXTRA / MPIEXEC_EXTRA / RR_PERF_EXTRA are split on purpose
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to "${MPI_BIND:-core:overload-allowed}"
-        ${MPIRUN_EXTRA:-})
+        ${GLIBC_TUNABLES:+-x GLIBC_TUNABLES} ${MPIRUN_EXTRA:-})
 # shellcheck disable=SC2206
 MPIEXEC=(mpiexec.mpich "${MPICH_BIND_ARGS[@]}" ${MPIEXEC_EXTRA:-})
 # shellcheck disable=SC2206
