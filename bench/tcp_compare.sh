@@ -20,7 +20,13 @@
 #   --bind-to core, PEER_BIND=core for the Gloo and torch launchers); PEER_BIND=none and
 #   MPI_BIND=none turn that off for the peers (and pass --bind none to ringrun yourself).
 # Every process started here is bounded by `timeout` and killed on exit. Loopback traffic only.
+#   Memory: every library's ranks run with glibc's malloc told to keep what it frees
+#   (PEER_MALLOC=system: glibc's defaults): a peer that allocates a buffer per call would
+#   otherwise pay this VM's 18 us page faults on every call (bench/shm_compare.sh says more).
 set -euo pipefail
+if [ "${PEER_MALLOC:-keep}" = keep ]; then
+  export GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736
+fi
 export PEER_BIND=${PEER_BIND:-core}
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -164,6 +170,7 @@ fi
   echo "git: $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet 2>/dev/null || echo ' (dirty)')"
   echo "sizes: -b $MIN -e $MAX -f $FACTOR; N: $NS; rounds: $ROUNDS; peer flags: ${PEER_FLAGS:-none}"
   echo "sysctl: $(sysctl -n net.ipv4.tcp_wmem net.ipv4.tcp_rmem net.core.wmem_max 2>/dev/null | tr '\n\t' '; ')"
+  echo "malloc: ${GLIBC_TUNABLES:-glibc defaults}"
   for p in libgloo-dev openmpi-bin python3-torch; do
     echo "$p: $(dpkg-query -W -f='${Version}' "$p" 2>/dev/null || echo missing)"
   done
@@ -173,6 +180,7 @@ cat "$OUT/setup.txt" >&2
 # ---- 4. runs ----
 # shellcheck disable=SC2054,SC2206  # tcp,self is one argument; MPIRUN_EXTRA is split on purpose
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to "${MPI_BIND:-core:overload-allowed}"
+        ${GLIBC_TUNABLES:+-x GLIBC_TUNABLES}
         --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo
         --mca oob_tcp_if_include lo --mca coll ^sm ${MPIRUN_EXTRA:-})
 SIZES=(-b "$MIN" -e "$MAX" -f "$FACTOR")
