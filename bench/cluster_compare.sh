@@ -17,13 +17,18 @@
 #                                 [-B BUILD_DIR] [-x "EXTRA PEER FLAGS"] [-E "VAR=VALUE ..."]
 #   -E sets variables for ringreduce's ranks only (e.g. -E "RINGREDUCE_NSOCKS=2").
 # Needs root. The cluster is brought up here and taken down on exit, whatever happens.
+# Every library runs with glibc keeping freed memory (PEER_MALLOC=system: glibc's defaults),
+# as in bench/shm_compare.sh: a per-call buffer would otherwise measure this VM's page faults.
 set -uo pipefail
+if [ "${PEER_MALLOC:-keep}" = keep ]; then
+  export GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736
+fi
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 OUT=/tmp/cluster_compare-$(date +%Y%m%d-%H%M%S)
 HOSTS=4 RATE=1gbit ROUNDS=3 MIN=4 MAX=256M FACTOR=4 LIBS="ringreduce gloo mpi mpiring"
 RUN_TIMEOUT=900 BUILD=build PEER_FLAGS="" RR_ENV=""
-usage() { sed -n '3,20p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '3,21p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while [ $# -gt 0 ]; do
   case "$1" in
     -o) OUT=$2; shift 2 ;; -H) HOSTS=$2; shift 2 ;; -R) RATE=$2; shift 2 ;;
@@ -53,6 +58,7 @@ trap 'exit 143' TERM
   echo "git: $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet 2>/dev/null || echo ' (dirty)')"
   echo "sizes: -b $MIN -e $MAX -f $FACTOR; rounds: $ROUNDS; peer flags: ${PEER_FLAGS:-none}; ringreduce env: ${RR_ENV:-none}"
   echo "tcp congestion control: $(ip netns exec ${CLUSTER_NAME}h0 sysctl -n net.ipv4.tcp_congestion_control)"
+  echo "malloc: ${GLIBC_TUNABLES:-glibc defaults}"
   for p in libgloo-dev openmpi-bin; do echo "$p: $(dpkg-query -W -f='${Version}' "$p" 2>/dev/null || echo missing)"; done
 } >"$OUT/setup.txt"
 cat "$OUT/setup.txt" >&2
@@ -93,6 +99,7 @@ run_lib() {  # LIB ROUND
       local extra=()
       [ "$lib" = mpiring ] && extra=(--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 4)
       run "$name" ip netns exec "${CLUSTER_NAME}h0" mpirun --allow-run-as-root -np "$HOSTS" \
+        ${GLIBC_TUNABLES:+-x GLIBC_TUNABLES} \
         --hostfile "$work/hosts" --mca plm_rsh_agent "$CLUSTER agent" --mca pml ob1 --mca btl tcp,self \
         --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 "${extra[@]}" \
         "$PEERS/mpi_allreduce" "${SIZES[@]}" "${XF[@]}" ;;
