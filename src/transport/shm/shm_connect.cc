@@ -294,9 +294,8 @@ ShmKind::ShmKind(const ShmOptions& opts, const core::Deadline& deadline) : opts_
 
 // Written with the values they hold: nobody else has mapped the segment yet.
 void ShmKind::touch_own_pages() {
-  const bool whole = local_ranks_.size() <= kPrefaultWholeMaxRanks;
-  touch_pages(mine_window_, whole ? kWindowBytes : Window::kHotBytes, /*write=*/true);
-  if (!whole) return;
+  touch_pages(mine_window_, prefault_window_bytes(), /*write=*/true);
+  if (!prefault_fifos()) return;
   for (int q : local_ranks_)
     if (q != opts_.rank)
       touch_pages(fifo_at(mine_.get(), fifo_index(q, 0)).data(0), kSlots * kSlotBytes,
@@ -306,11 +305,10 @@ void ShmKind::touch_own_pages() {
 // The peers' windows are only read here. Our FIFO to q (its channel 0, which the ring and the
 // rooted collectives use) has its slots written by nobody but us: written with their values.
 void ShmKind::touch_peer_pages() {
-  const bool whole = local_ranks_.size() <= kPrefaultWholeMaxRanks;
   for (int q : local_ranks_) {
     if (q == opts_.rank) continue;
-    touch_pages(window_of(q), whole ? kWindowBytes : Window::kHotBytes, /*write=*/false);
-    if (whole)
+    touch_pages(window_of(q), prefault_window_bytes(), /*write=*/false);
+    if (prefault_fifos())
       touch_pages(fifo_at(segment(q).get(), fifo_index(opts_.rank, 0)).data(0), kSlots * kSlotBytes,
                   /*write=*/true);
   }

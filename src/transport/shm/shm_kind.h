@@ -271,6 +271,10 @@ class ShmKind final : public LinkKind {
   bool prefault() const { return local_ranks_.size() <= kPrefaultMaxRanks; }
   static constexpr size_t kPrefaultMaxRanks = 8;
   static constexpr size_t kPrefaultWholeMaxRanks = 4;
+  bool prefault_fifos() const { return local_ranks_.size() <= kPrefaultWholeMaxRanks; }
+  size_t prefault_window_bytes() const {
+    return prefault_fifos() ? kWindowBytes : Window::kHotBytes;
+  }
   void touch_own_pages();   // before any peer maps our segment
   void touch_peer_pages();  // once every peer's segment is mapped
   // Index of the FIFO from local rank `from` on `channel` in its receiver's segment.
