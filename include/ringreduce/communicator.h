@@ -26,6 +26,7 @@
 #include "ringreduce/error.h"
 #include "ringreduce/options.h"
 #include "ringreduce/types.h"
+#include "ringreduce/version.h"
 
 namespace ringreduce {
 
@@ -119,6 +120,9 @@ class Communicator {
   bool valid() const { return impl_ != nullptr; }
   int rank() const;
   int size() const;
+  // The library's version ("0.2.0"), as rr_version(): what runs, not the header's
+  // RINGREDUCE_VERSION_STRING.
+  static const char* version();
   // How many collectives this rank has issued on this communicator (sends and receives do not
   // count). Ranks that are in step agree on it: a debugging aid for calls that diverge (torch's
   // _get_sequence_number_for_group).

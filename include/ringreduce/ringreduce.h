@@ -14,6 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ringreduce/version.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -169,6 +171,10 @@ rr_result_t rr_comm_async_error(rr_comm_t* comm);
  * NULL. Valid until the next call on comm (or init in this thread). */
 const char* rr_last_error(const rr_comm_t* comm);
 const char* rr_strerror(rr_result_t result);
+
+/* The library's version, "0.2.0": the one it was built as, which may differ from the header's
+ * RINGREDUCE_VERSION_STRING when an application runs with another release of the library. */
+const char* rr_version(void);
 
 #ifdef __cplusplus
 }

@@ -347,6 +347,10 @@ const char* rr_last_error(const rr_comm_t* c) {
   return c->last_error.c_str();
 }
 
+const char* rr_version(void) {
+  return RINGREDUCE_VERSION_STRING;
+}
+
 const char* rr_strerror(rr_result_t r) {
   switch (r) {
     case RR_OK:

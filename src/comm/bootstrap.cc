@@ -285,6 +285,7 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
   }
   stall_store_ = stall_store;
   store_host_ = store_host;
+  if (rank_ == 0) RR_LOG(info, rank_, "ringreduce ", RINGREDUCE_VERSION_STRING);
   if (rank_ == 0)
     RR_LOG(info, rank_,
            config_.has("RINGREDUCE_TOKEN")

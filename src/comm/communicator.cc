@@ -89,6 +89,10 @@ Communicator Communicator::split(int color, int key) {
   return Communicator(impl().split(color, key));
 }
 
+const char* Communicator::version() {
+  return RINGREDUCE_VERSION_STRING;
+}
+
 int Communicator::rank() const {
   return impl().rank();
 }
