@@ -13,6 +13,13 @@
 // later op fails with it.
 #pragma once
 
+// The C++ API needs C++20 (std::span, concepts). Without it the first error would be deep in
+// this header; say what is wrong instead. CMake's ringreduce::ringreduce target asks for C++20
+// itself; with pkg-config or by hand, compile with -std=c++20 (C programs use ringreduce.h).
+#if !defined(__cplusplus) || __cplusplus < 202002L
+#error "ringreduce's C++ API needs C++20: compile with -std=c++20 (or include ringreduce.h from C)"
+#endif
+
 #include <chrono>
 #include <cstddef>
 #include <exception>
@@ -24,6 +31,7 @@
 #include <type_traits>
 
 #include "ringreduce/error.h"
+#include "ringreduce/export.h"
 #include "ringreduce/options.h"
 #include "ringreduce/types.h"
 #include "ringreduce/version.h"
@@ -69,7 +77,7 @@ struct CallOptions {
 };
 
 // The handle of an asynchronous op. Buffers must stay valid until the op has completed.
-class Work {
+class RINGREDUCE_API Work {
  public:
   Work() = default;
   // Blocks until the op has completed; throws its error if it failed.
@@ -100,7 +108,7 @@ class Work {
   std::shared_ptr<detail::OpState> state_;
 };
 
-class Communicator {
+class RINGREDUCE_API Communicator {
  public:
   // recv()'s peer for a receive from whichever rank sends a message with its tag first.
   static constexpr int kAnySource = -1;

@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "ringreduce/export.h"
+
 namespace ringreduce {
 
 enum class ErrorCode : int {
@@ -18,7 +20,7 @@ enum class ErrorCode : int {
   aborted = 6,
 };
 
-class Error : public std::runtime_error {
+class RINGREDUCE_API Error : public std::runtime_error {
  public:
   explicit Error(const std::string& what, ErrorCode code = ErrorCode::internal)
       : std::runtime_error(what), code_(code) {}
@@ -29,13 +31,13 @@ class Error : public std::runtime_error {
 };
 
 // A wait ran past its deadline. The message names the rank that was waited on.
-class TimeoutError : public Error {
+class RINGREDUCE_API TimeoutError : public Error {
  public:
   explicit TimeoutError(const std::string& what) : Error(what, ErrorCode::timeout) {}
 };
 
 // A peer failed: closed its connection, died, or sent something unreadable.
-class PeerError : public Error {
+class RINGREDUCE_API PeerError : public Error {
  public:
   PeerError(const std::string& what, int peer) : Error(what, ErrorCode::peer), peer_(peer) {}
   int peer() const { return peer_; }
@@ -45,13 +47,13 @@ class PeerError : public Error {
 };
 
 // Ranks issued different collectives (kind, count, dtype, op or root) at the same position.
-class MismatchError : public Error {
+class RINGREDUCE_API MismatchError : public Error {
  public:
   explicit MismatchError(const std::string& what) : Error(what, ErrorCode::mismatch) {}
 };
 
 // The caller passed something unusable (a bad root, a too-small buffer, an unknown setting).
-class InvalidArgument : public Error {
+class RINGREDUCE_API InvalidArgument : public Error {
  public:
   explicit InvalidArgument(const std::string& what) : Error(what, ErrorCode::invalid_argument) {}
 };

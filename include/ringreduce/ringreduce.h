@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ringreduce/export.h"
 #include "ringreduce/version.h"
 
 #ifdef __cplusplus
@@ -64,78 +65,82 @@ typedef enum {
 } rr_op_t;
 
 /* Rank, size and rendezvous from the environment (RINGREDUCE_*, torchrun, OpenMPI, Slurm, PMI). */
-rr_result_t rr_comm_init_from_env(rr_comm_t** comm);
+RINGREDUCE_API rr_result_t rr_comm_init_from_env(rr_comm_t** comm);
 /* Explicit: addr is the store's "host:port"; token may be NULL; timeout_s <= 0 keeps the default.
  */
-rr_result_t rr_comm_init(rr_comm_t** comm, int rank, int size, const char* addr, const char* token,
-                         double timeout_s);
-void rr_comm_destroy(rr_comm_t* comm);
-int rr_comm_rank(const rr_comm_t* comm);
-int rr_comm_size(const rr_comm_t* comm);
+RINGREDUCE_API rr_result_t rr_comm_init(rr_comm_t** comm, int rank, int size, const char* addr,
+                                        const char* token, double timeout_s);
+RINGREDUCE_API void rr_comm_destroy(rr_comm_t* comm);
+RINGREDUCE_API int rr_comm_rank(const rr_comm_t* comm);
+RINGREDUCE_API int rr_comm_size(const rr_comm_t* comm);
 /* Fails every pending and later op with reason; callable from any thread. */
-rr_result_t rr_comm_abort(rr_comm_t* comm, const char* reason);
+RINGREDUCE_API rr_result_t rr_comm_abort(rr_comm_t* comm, const char* reason);
 /* Collective (MPI_Comm_split): ranks passing one color form a new communicator, ranked by key
  * (ties by rank); *out is NULL for color RR_NO_COLOR. The new communicator is destroyed with
  * rr_comm_destroy, independently of this one. */
 #define RR_NO_COLOR (-1)
-rr_result_t rr_comm_split(rr_comm_t* comm, int color, int key, rr_comm_t** out);
+RINGREDUCE_API rr_result_t rr_comm_split(rr_comm_t* comm, int color, int key, rr_comm_t** out);
 
 /* Blocking collectives; counts are elements (see the C++ header for each collective's layout). */
-rr_result_t rr_allreduce(rr_comm_t* comm, const void* send, void* recv, size_t count,
-                         rr_dtype_t dtype, rr_op_t op);
+RINGREDUCE_API rr_result_t rr_allreduce(rr_comm_t* comm, const void* send, void* recv, size_t count,
+                                        rr_dtype_t dtype, rr_op_t op);
 /* op RR_PREMUL_SUM with this rank's factor. */
-rr_result_t rr_allreduce_premul_sum(rr_comm_t* comm, const void* send, void* recv, size_t count,
-                                    rr_dtype_t dtype, double factor);
-rr_result_t rr_reduce_scatter(rr_comm_t* comm, const void* send, void* recv, size_t recv_count,
-                              rr_dtype_t dtype, rr_op_t op);
-rr_result_t rr_allgather(rr_comm_t* comm, const void* send, void* recv, size_t send_count,
-                         rr_dtype_t dtype);
-rr_result_t rr_broadcast(rr_comm_t* comm, void* buffer, size_t count, rr_dtype_t dtype, int root);
-rr_result_t rr_reduce(rr_comm_t* comm, const void* send, void* recv, size_t count, rr_dtype_t dtype,
-                      rr_op_t op, int root);
-rr_result_t rr_alltoall(rr_comm_t* comm, const void* send, void* recv, size_t count,
-                        rr_dtype_t dtype);
-rr_result_t rr_barrier(rr_comm_t* comm);
+RINGREDUCE_API rr_result_t rr_allreduce_premul_sum(rr_comm_t* comm, const void* send, void* recv,
+                                                   size_t count, rr_dtype_t dtype, double factor);
+RINGREDUCE_API rr_result_t rr_reduce_scatter(rr_comm_t* comm, const void* send, void* recv,
+                                             size_t recv_count, rr_dtype_t dtype, rr_op_t op);
+RINGREDUCE_API rr_result_t rr_allgather(rr_comm_t* comm, const void* send, void* recv,
+                                        size_t send_count, rr_dtype_t dtype);
+RINGREDUCE_API rr_result_t rr_broadcast(rr_comm_t* comm, void* buffer, size_t count,
+                                        rr_dtype_t dtype, int root);
+RINGREDUCE_API rr_result_t rr_reduce(rr_comm_t* comm, const void* send, void* recv, size_t count,
+                                     rr_dtype_t dtype, rr_op_t op, int root);
+RINGREDUCE_API rr_result_t rr_alltoall(rr_comm_t* comm, const void* send, void* recv, size_t count,
+                                       rr_dtype_t dtype);
+RINGREDUCE_API rr_result_t rr_barrier(rr_comm_t* comm);
 /* recv (root only; may be NULL elsewhere) holds size * count elements, block r from rank r. */
-rr_result_t rr_gather(rr_comm_t* comm, const void* send, void* recv, size_t count, rr_dtype_t dtype,
-                      int root);
+RINGREDUCE_API rr_result_t rr_gather(rr_comm_t* comm, const void* send, void* recv, size_t count,
+                                     rr_dtype_t dtype, int root);
 /* send (root only; may be NULL elsewhere) holds size * count elements, block r for rank r. */
-rr_result_t rr_scatter(rr_comm_t* comm, const void* send, void* recv, size_t count,
-                       rr_dtype_t dtype, int root);
+RINGREDUCE_API rr_result_t rr_scatter(rr_comm_t* comm, const void* send, void* recv, size_t count,
+                                      rr_dtype_t dtype, int root);
 /* Blocks of their own sizes: counts has one entry per rank (the same on every rank); recv holds
  * their total, one block after another; send holds counts[rank]. */
-rr_result_t rr_allgatherv(rr_comm_t* comm, const void* send, void* recv, const size_t* counts,
-                          rr_dtype_t dtype);
+RINGREDUCE_API rr_result_t rr_allgatherv(rr_comm_t* comm, const void* send, void* recv,
+                                         const size_t* counts, rr_dtype_t dtype);
 /* send holds the total of counts (the same on every rank); recv gets counts[rank], reduced. */
-rr_result_t rr_reduce_scatterv(rr_comm_t* comm, const void* send, void* recv, const size_t* counts,
-                               rr_dtype_t dtype, rr_op_t op);
+RINGREDUCE_API rr_result_t rr_reduce_scatterv(rr_comm_t* comm, const void* send, void* recv,
+                                              const size_t* counts, rr_dtype_t dtype, rr_op_t op);
 /* send_counts[j] elements to rank j, recv_counts[j] from rank j, blocks one after another. */
-rr_result_t rr_alltoallv(rr_comm_t* comm, const void* send, const size_t* send_counts, void* recv,
-                         const size_t* recv_counts, rr_dtype_t dtype);
+RINGREDUCE_API rr_result_t rr_alltoallv(rr_comm_t* comm, const void* send,
+                                        const size_t* send_counts, void* recv,
+                                        const size_t* recv_counts, rr_dtype_t dtype);
 
 /* Point to point: messages matched by (sender, tag) in their own space, in any order relative to
  * the collectives. peer RR_ANY_SOURCE receives from whichever rank sends first; *source (may be
  * NULL) gets the rank whose message was taken. Sizes must agree (a mismatch fails the
  * communicator with RR_ERR_MISMATCH on every rank). */
 #define RR_ANY_SOURCE (-1)
-rr_result_t rr_send(rr_comm_t* comm, const void* buf, size_t count, rr_dtype_t dtype, int peer,
-                    uint64_t tag);
-rr_result_t rr_recv(rr_comm_t* comm, void* buf, size_t count, rr_dtype_t dtype, int peer,
-                    uint64_t tag, int* source);
-rr_result_t rr_send_async(rr_comm_t* comm, const void* buf, size_t count, rr_dtype_t dtype,
-                          int peer, uint64_t tag, rr_work_t** work);
-rr_result_t rr_recv_async(rr_comm_t* comm, void* buf, size_t count, rr_dtype_t dtype, int peer,
-                          uint64_t tag, rr_work_t** work);
+RINGREDUCE_API rr_result_t rr_send(rr_comm_t* comm, const void* buf, size_t count, rr_dtype_t dtype,
+                                   int peer, uint64_t tag);
+RINGREDUCE_API rr_result_t rr_recv(rr_comm_t* comm, void* buf, size_t count, rr_dtype_t dtype,
+                                   int peer, uint64_t tag, int* source);
+RINGREDUCE_API rr_result_t rr_send_async(rr_comm_t* comm, const void* buf, size_t count,
+                                         rr_dtype_t dtype, int peer, uint64_t tag,
+                                         rr_work_t** work);
+RINGREDUCE_API rr_result_t rr_recv_async(rr_comm_t* comm, void* buf, size_t count, rr_dtype_t dtype,
+                                         int peer, uint64_t tag, rr_work_t** work);
 /* For a completed receive: the rank whose message it took; -1 otherwise. */
-int rr_work_source(const rr_work_t* work);
+RINGREDUCE_API int rr_work_source(const rr_work_t* work);
 
 /* Asynchronous allreduce; the handle must be released with rr_work_free. */
-rr_result_t rr_allreduce_async(rr_comm_t* comm, const void* send, void* recv, size_t count,
-                               rr_dtype_t dtype, rr_op_t op, rr_work_t** work);
-rr_result_t rr_work_wait(rr_work_t* work);
+RINGREDUCE_API rr_result_t rr_allreduce_async(rr_comm_t* comm, const void* send, void* recv,
+                                              size_t count, rr_dtype_t dtype, rr_op_t op,
+                                              rr_work_t** work);
+RINGREDUCE_API rr_result_t rr_work_wait(rr_work_t* work);
 /* *done = 1 when complete; never blocks. */
-rr_result_t rr_work_test(rr_work_t* work, int* done);
-void rr_work_free(rr_work_t* work);
+RINGREDUCE_API rr_result_t rr_work_test(rr_work_t* work, int* done);
+RINGREDUCE_API void rr_work_free(rr_work_t* work);
 
 /* Stream-ordered calls on CUDA device memory (NCCL's semantics): the call is enqueued on
  * `stream` (a cudaStream_t; NULL: the legacy default stream) and returns at once; the stream's
@@ -143,38 +148,44 @@ void rr_work_free(rr_work_t* work);
  * failed) returns its error; a failure after it has returned is what rr_comm_async_error reports,
  * and fails every later call. Without a usable CUDA device they fail with
  * RR_ERR_INVALID_ARGUMENT. docs/GPU.md. */
-rr_result_t rr_allreduce_on_stream(rr_comm_t* comm, const void* send, void* recv, size_t count,
-                                   rr_dtype_t dtype, rr_op_t op, void* stream);
-rr_result_t rr_reduce_scatter_on_stream(rr_comm_t* comm, const void* send, void* recv,
-                                        size_t recv_count, rr_dtype_t dtype, rr_op_t op,
-                                        void* stream);
-rr_result_t rr_allgather_on_stream(rr_comm_t* comm, const void* send, void* recv, size_t send_count,
-                                   rr_dtype_t dtype, void* stream);
+RINGREDUCE_API rr_result_t rr_allreduce_on_stream(rr_comm_t* comm, const void* send, void* recv,
+                                                  size_t count, rr_dtype_t dtype, rr_op_t op,
+                                                  void* stream);
+RINGREDUCE_API rr_result_t rr_reduce_scatter_on_stream(rr_comm_t* comm, const void* send,
+                                                       void* recv, size_t recv_count,
+                                                       rr_dtype_t dtype, rr_op_t op, void* stream);
+RINGREDUCE_API rr_result_t rr_allgather_on_stream(rr_comm_t* comm, const void* send, void* recv,
+                                                  size_t send_count, rr_dtype_t dtype,
+                                                  void* stream);
 /* Out of place: the root sends from send; every rank receives into recv (send == recv: in place).
  */
-rr_result_t rr_broadcast_on_stream(rr_comm_t* comm, const void* send, void* recv, size_t count,
-                                   rr_dtype_t dtype, int root, void* stream);
-rr_result_t rr_reduce_on_stream(rr_comm_t* comm, const void* send, void* recv, size_t count,
-                                rr_dtype_t dtype, rr_op_t op, int root, void* stream);
+RINGREDUCE_API rr_result_t rr_broadcast_on_stream(rr_comm_t* comm, const void* send, void* recv,
+                                                  size_t count, rr_dtype_t dtype, int root,
+                                                  void* stream);
+RINGREDUCE_API rr_result_t rr_reduce_on_stream(rr_comm_t* comm, const void* send, void* recv,
+                                               size_t count, rr_dtype_t dtype, rr_op_t op, int root,
+                                               void* stream);
 /* A send waits in the calling thread until the stream has reached it (its data leaves from host
  * staging); a receive is enqueued like the collectives. Issue a send before a receive on one
  * stream: a receive holds its stream until its message has arrived. */
-rr_result_t rr_send_on_stream(rr_comm_t* comm, const void* buf, size_t count, rr_dtype_t dtype,
-                              int peer, uint64_t tag, void* stream);
-rr_result_t rr_recv_on_stream(rr_comm_t* comm, void* buf, size_t count, rr_dtype_t dtype, int peer,
-                              uint64_t tag, void* stream);
+RINGREDUCE_API rr_result_t rr_send_on_stream(rr_comm_t* comm, const void* buf, size_t count,
+                                             rr_dtype_t dtype, int peer, uint64_t tag,
+                                             void* stream);
+RINGREDUCE_API rr_result_t rr_recv_on_stream(rr_comm_t* comm, void* buf, size_t count,
+                                             rr_dtype_t dtype, int peer, uint64_t tag,
+                                             void* stream);
 /* RR_OK, or the error of the first stream-ordered call that failed after returning (its message
  * in rr_last_error(comm)); never blocks (ncclCommGetAsyncError). */
-rr_result_t rr_comm_async_error(rr_comm_t* comm);
+RINGREDUCE_API rr_result_t rr_comm_async_error(rr_comm_t* comm);
 
 /* The message of the last failure on comm, or of the last failed init in this thread when comm is
  * NULL. Valid until the next call on comm (or init in this thread). */
-const char* rr_last_error(const rr_comm_t* comm);
-const char* rr_strerror(rr_result_t result);
+RINGREDUCE_API const char* rr_last_error(const rr_comm_t* comm);
+RINGREDUCE_API const char* rr_strerror(rr_result_t result);
 
 /* The library's version, "0.2.0": the one it was built as, which may differ from the header's
  * RINGREDUCE_VERSION_STRING when an application runs with another release of the library. */
-const char* rr_version(void);
+RINGREDUCE_API const char* rr_version(void);
 
 #ifdef __cplusplus
 }

@@ -10,9 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "ringreduce/export.h"
+
 namespace ringreduce {
 
-class Store {
+class RINGREDUCE_API Store {
  public:
   virtual ~Store() = default;
   // Stores value under key, replacing any previous value, and wakes waiters on it.
@@ -35,7 +37,7 @@ class Store {
 };
 
 // Namespaces every key under "prefix/": lets several communicators share one store.
-class PrefixStore : public Store {
+class RINGREDUCE_API PrefixStore : public Store {
  public:
   PrefixStore(std::shared_ptr<Store> inner, std::string prefix)
       : inner_(std::move(inner)), prefix_(std::move(prefix) + "/") {}
@@ -71,6 +73,6 @@ class PrefixStore : public Store {
 };
 
 // An in-process store for tests that run ranks as threads.
-std::shared_ptr<Store> make_memory_store();
+RINGREDUCE_API std::shared_ptr<Store> make_memory_store();
 
 }  // namespace ringreduce

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "ringreduce/export.h"
+
 namespace ringreduce {
 
 // Values are part of the C ABI (ringreduce.h): never renumber one, only add. boolean is one byte
@@ -29,18 +31,19 @@ struct bfloat16 {
   uint16_t bits;
 };
 
-size_t dtype_size(DataType t);
-const char* dtype_name(DataType t);  // "float", "half", "bfloat16", ... (nccl-tests spelling)
-const char* op_name(ReduceOp op);    // "sum", "prod", "min", "max", "avg", "band", ...
-bool is_float(DataType t);
+RINGREDUCE_API size_t dtype_size(DataType t);
+RINGREDUCE_API const char* dtype_name(
+    DataType t);  // "float", "half", "bfloat16", ... (nccl-tests spelling)
+RINGREDUCE_API const char* op_name(ReduceOp op);  // "sum", "prod", "min", "max", "avg", "band", ...
+RINGREDUCE_API bool is_float(DataType t);
 // Whether `op` reduces values of type `t` (bitwise ops: integers and bool; premul_sum: floating
 // point; avg: all but bool; the rest: every type).
-bool op_applies(ReduceOp op, DataType t);
+RINGREDUCE_API bool op_applies(ReduceOp op, DataType t);
 
 // Parse the spellings nccl-tests accepts ("float", "f32", "half", "bf16", "int32", ...).
 // Return false if the name is unknown.
-bool parse_dtype(const std::string& name, DataType* out);
-bool parse_op(const std::string& name, ReduceOp* out);
+RINGREDUCE_API bool parse_dtype(const std::string& name, DataType* out);
+RINGREDUCE_API bool parse_op(const std::string& name, ReduceOp* out);
 
 template <typename T>
 struct DataTypeOf;
