@@ -6,7 +6,8 @@
 # marked), .md (the table: best forced, the tuner's pick and its ratio to the best) and .csv.
 #
 #   ringreduce  build/tools/ringrun -n N build/tools/ringreduce-perf allreduce -b MIN -e MAX -f F
-#               -w 2 -T 0.1 [-a ALGO] -d float -o sum   (out-of-place time column)
+#               -w 2 --time-per-size 0.1 [--algorithm ALGO] -d float -o sum
+#               (out-of-place time column)
 #
 # ROUNDS interleaved rounds (the algorithm order rotates each round); per size and algorithm the
 # best round counts. Rows where a forced algorithm was not what ran (flat above its size limit)
@@ -59,9 +60,9 @@ for n in $NS; do
     for algo in "${list[@]:off}" "${list[@]:0:off}"; do
       raw=$OUT/raw/N${n}_r${round}_$algo.txt
       force=() env=()
-      [ "$algo" = tuner ] || force=(-a "$algo")
+      [ "$algo" = tuner ] || force=(--algorithm "$algo")
       [ "$KIND" = tcp ] && env=(env RINGREDUCE_SHM=0)
-      cmd=("$PERF" allreduce -b "$MIN" -e "$MAX" -f "$FACTOR" -w 2 -T 0.1 -d float -o sum "${force[@]}")
+      cmd=("$PERF" allreduce -b "$MIN" -e "$MAX" -f "$FACTOR" -w 2 --time-per-size 0.1 -d float -o sum "${force[@]}")
       if [ -n "$RATE" ]; then
         "$CLUSTER" run --timeout 900 -- "${cmd[@]}" >"$raw" 2>&1
       else

@@ -55,7 +55,7 @@ for n in $NS; do
   for algo in ring star; do
     raw=$OUT/raw/${algo}_N$n.txt
     "$CLUSTER" run --timeout 600 -- \
-      "$PERF" allreduce -b "$SIZE" -e "$SIZE" -n "$ITERS" -w 1 -a "$algo" -d float -o sum >"$raw" 2>&1 ||
+      "$PERF" allreduce -b "$SIZE" -e "$SIZE" -n "$ITERS" -w 1 --algorithm "$algo" -d float -o sum >"$raw" 2>&1 ||
       { tail -5 "$raw" >&2; say "N=$n $algo failed"; exit 1; }
     # Row: [0] size count type redop root time algbw busbw #wrong time ...: out of place, in place.
     awk -v n="$n" -v a="$algo" -v l="$link" '$1 == "[0]" && $2 ~ /^[0-9]+$/ {

@@ -35,7 +35,7 @@
 #   Defaults: -N "2 4 8" -r 3 -b 4 -e 256M -f 4 -t 600 -B build -S 256M.
 #   -x passes flags to the two MPI programs only (e.g. -x "-T 0.1 -M 2000").
 #   Environment: MPIRUN_EXTRA adds mpirun flags, MPIEXEC_EXTRA mpiexec.mpich flags,
-#   RR_PERF_EXTRA ringreduce-perf flags (e.g. "-T 0.1").
+#   RR_PERF_EXTRA ringreduce-perf flags (e.g. "--time-per-size 0.1").
 #   Placement: every library pins rank r to core r mod ncores (ringrun's default, mpirun's
 #   --bind-to core:overload-allowed, mpiexec.mpich's -bind-to core if its hydra supports it);
 #   MPI_BIND=none and MPICH_BIND=none turn that off for the MPIs (and pass --bind none to

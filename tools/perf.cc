@@ -6,8 +6,9 @@
 // time algbw busbw #wrong | algorithm. algbw = size / time; busbw = algbw x the collective's bus
 // factor (allreduce 2(n-1)/n; reduce_scatter, allgather, alltoall (n-1)/n; broadcast, reduce 1),
 // so busbw compares with the link's bandwidth whatever the rank count. Time is the slowest rank's
-// mean over the timed iterations. #wrong counts elements, over all ranks, that differ from the
-// exact answer (inputs are small integers, so every answer is exact). Exits non-zero if any is.
+// mean over the timed iterations (-a picks another: nccl-tests' --average). #wrong counts
+// elements, over all ranks, that differ from the exact answer (inputs are small integers, so
+// every answer is exact). Exits non-zero if any is. The options: perf_args.cc.
 // After the algorithm, how stable the times are, out of place then in place: the first call of
 // the size (from a barrier, before any warm-up: what a training job's first step pays), and the
 // min / median / max of the per-call times of the timed iterations (each the slowest rank's;
@@ -23,122 +24,25 @@
 #include <string>
 #include <vector>
 
-#include "core/config.h"
 #include "exact_data.h"
+#include "perf_args.h"
 #include "reduce/cuda/reduce_cuda.h"
 #include "ringreduce/ringreduce.hpp"
+#include "tool_version.h"
 
 namespace {
 
 using namespace ringreduce;
 using Clock = std::chrono::steady_clock;
 
-enum class Coll { allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall };
+using perf::Args;
+using perf::Coll;
+using perf::Report;
 
-struct Args {
-  Coll coll = Coll::allreduce;
-  std::string coll_name = "allreduce";
-  size_t min_bytes = 32 << 20, max_bytes = 32 << 20;
-  double factor = 2;
-  long iters = 0;  // 0: adaptive, about target_seconds per size
-  long warmup = 5;
-  bool check = true;
-  int root = 0;
-  std::vector<DataType> dtypes{DataType::f32};
-  std::vector<ReduceOp> ops{ReduceOp::sum};
-  std::string algo;
-  double target_seconds = 0.2;
-  bool device = false;  // -M device: buffers in CUDA device memory
-};
-
-[[noreturn]] void usage(const char* why) {
-  if (why) std::fprintf(stderr, "ringreduce-perf: %s\n", why);
-  std::fprintf(
-      stderr,
-      "usage: ringreduce-perf allreduce|reduce_scatter|allgather|broadcast|reduce|alltoall\n"
-      "  [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-n ITERS (0: adaptive)] [-w WARMUP]\n"
-      "  [-c CHECK 0|1]\n"
-      "  [-d float|half|bfloat16|double|int8|uint8|int16|int32|uint32|int64|uint64|bool|all]\n"
-      "  [-o sum|prod|min|max|avg|band|bor|bxor|premul_sum|all] [-r ROOT] [-a ALGO]\n"
-      "  [-T SECONDS_PER_SIZE] [-M host|device (buffers in CUDA device memory; every call\n"
-      "  stream-ordered on the default stream and timed to the stream's end)]\n"
-      "   or: ringreduce-perf --calibrate FILE\n"
-      "  measures the links and the reduce kernel at length (30 batches instead of start-up's 3)\n"
-      "  and writes them to FILE for RINGREDUCE_TUNING_FILE, replacing the line for this link\n"
-      "  kind and world size (run once per world size).\n"
-      "Launch with ringrun, mpirun, srun or torchrun (see README).\n");
+// A usage error found once the communicator is up (a root past the last rank, no CUDA device).
+[[noreturn]] void usage_error(const std::string& why) {
+  std::fprintf(stderr, "ringreduce-perf: %s\n%s", why.c_str(), perf::kUsage);
   std::exit(2);
-}
-
-size_t parse_bytes(const char* s) {
-  auto v = core::parse_size(s);
-  if (!v) usage((std::string("not a size: ") + s).c_str());
-  return *v;
-}
-
-Args parse(int argc, char** argv) {
-  Args a;
-  if (argc < 2) usage(nullptr);
-  a.coll_name = argv[1];
-  const std::pair<const char*, Coll> names[] = {
-      {"allreduce", Coll::allreduce}, {"reduce_scatter", Coll::reduce_scatter},
-      {"allgather", Coll::allgather}, {"broadcast", Coll::broadcast},
-      {"reduce", Coll::reduce},       {"alltoall", Coll::alltoall}};
-  bool found = false;
-  for (auto& [n, c] : names)
-    if (a.coll_name == n) a.coll = c, found = true;
-  if (!found) usage(("unknown collective " + a.coll_name).c_str());
-  for (int i = 2; i < argc; ++i) {
-    std::string f = argv[i];
-    if (i + 1 >= argc) usage(("missing value for " + f).c_str());
-    const char* v = argv[++i];
-    if (f == "-b")
-      a.min_bytes = parse_bytes(v);
-    else if (f == "-e")
-      a.max_bytes = parse_bytes(v);
-    else if (f == "-f")
-      a.factor = std::atof(v);
-    else if (f == "-n")
-      a.iters = std::atol(v);
-    else if (f == "-w")
-      a.warmup = std::atol(v);
-    else if (f == "-c")
-      a.check = std::atoi(v) != 0;
-    else if (f == "-r")
-      a.root = std::atoi(v);
-    else if (f == "-a")
-      a.algo = v;
-    else if (f == "-T")
-      a.target_seconds = std::atof(v);
-    else if (f == "-M") {
-      if (std::string(v) != "host" && std::string(v) != "device")
-        usage((std::string("-M takes host or device, not ") + v).c_str());
-      a.device = std::string(v) == "device";
-    } else if (f == "-d") {
-      a.dtypes.clear();
-      if (std::string(v) == "all") {
-        for (int t = 0; t < kNumDataTypes; ++t) a.dtypes.push_back(static_cast<DataType>(t));
-      } else {
-        DataType t;
-        if (!parse_dtype(v, &t)) usage((std::string("unknown dtype ") + v).c_str());
-        a.dtypes.push_back(t);
-      }
-    } else if (f == "-o") {
-      a.ops.clear();
-      if (std::string(v) == "all") {
-        for (int o = 0; o < kNumReduceOps; ++o) a.ops.push_back(static_cast<ReduceOp>(o));
-      } else {
-        ReduceOp o;
-        if (!parse_op(v, &o)) usage((std::string("unknown op ") + v).c_str());
-        a.ops.push_back(o);
-      }
-    } else {
-      usage(("unknown flag " + f).c_str());
-    }
-  }
-  if (a.factor <= 1 && a.min_bytes != a.max_bytes) usage("-f must be > 1");
-  if (a.min_bytes > a.max_bytes) usage("-b must be <= -e");
-  return a;
 }
 
 bool reduces(Coll c) {
@@ -173,7 +77,7 @@ struct Bench {
   size_t block;  // per-rank elements for the block collectives
   // Page-aligned, like the buffers users pass (torch allocates 64-byte aligned tensors, nccl-tests
   // cudaMalloc'd ones); malloc's 16-byte offset would time split vector loads instead.
-  // -M device: the buffers are device memory (cudaMalloc), with a host copy that the checks
+  // --buffers device: the buffers are device memory (cudaMalloc), with a host copy that the checks
   // fill and read (uploaded before a checked run, downloaded after).
   struct Buffer {
     std::unique_ptr<char, decltype(&std::free)> p{nullptr, &std::free};
@@ -186,7 +90,7 @@ struct Bench {
       std::memset(p.get(), v, bytes);
       if (device) dev = std::make_unique<reduce::cuda::DeviceBuffer>(bytes);
     }
-    // What the calls are given: device memory with -M device.
+    // What the calls are given: device memory with --buffers device.
     char* data() { return dev ? static_cast<char*>(dev->data()) : p.get(); }
     char* host() { return p.get(); }
     size_t size() const { return n; }
@@ -348,6 +252,25 @@ double max_over_ranks(Communicator& comm, double v) {
   comm.allreduce(&v, &v, 1, DataType::f64, ReduceOp::max);
   return v;
 }
+// The k values of every rank made into the ones a row reports (-a): rank 0's, the mean over the
+// ranks, the least or the greatest of each.
+void report_over_ranks(Communicator& comm, double* v, size_t k, Report how) {
+  switch (how) {
+    case Report::rank0:
+      comm.broadcast(v, k, DataType::f64, 0);
+      return;
+    case Report::avg:
+      comm.allreduce(v, v, k, DataType::f64, ReduceOp::sum);
+      for (size_t i = 0; i < k; ++i) v[i] /= comm.size();
+      return;
+    case Report::min:
+      comm.allreduce(v, v, k, DataType::f64, ReduceOp::min);
+      return;
+    case Report::max:
+      comm.allreduce(v, v, k, DataType::f64, ReduceOp::max);
+      return;
+  }
+}
 uint64_t sum_over_ranks(Communicator& comm, uint64_t v) {
   comm.allreduce(&v, &v, 1, DataType::u64, ReduceOp::sum);
   return v;
@@ -374,17 +297,23 @@ Result measure(Bench& b, bool in_place) {
   comm.barrier();
   const auto start = Clock::now();
   b.run(in_place);
-  res.first_us = max_over_ranks(comm, seconds(Clock::now() - start)) * 1e6;
-  for (long i = 1; i < b.args.warmup; ++i) b.run(in_place);
+  double first = seconds(Clock::now() - start);
+  report_over_ranks(comm, &first, 1, b.args.report);
+  res.first_us = first * 1e6;
+  // -z 1: every call is followed by a barrier, timed with it (nccl-tests' blocking mode).
+  auto step = [&] {
+    b.run(in_place);
+    if (b.args.blocking) comm.barrier();
+  };
+  for (long i = 1; i < b.args.warmup; ++i) step();
   // Time one iteration (slowest rank, so every rank computes the same counts below).
   comm.barrier();
   auto probe = Clock::now();
-  b.run(in_place);
+  step();
   const double one = std::max(max_over_ranks(comm, seconds(Clock::now() - probe)), 1e-7);
   // Small sizes also warm up for ~20 ms: cores that were idle halt, and the first few hundred
   // microseconds after waking them are not the steady state a training loop sees.
-  for (long i = 0, extra = static_cast<long>(std::min(0.02 / one, 2000.0)); i < extra; ++i)
-    b.run(in_place);
+  for (long i = 0, extra = static_cast<long>(std::min(0.02 / one, 2000.0)); i < extra; ++i) step();
   long iters = b.args.iters;
   if (iters <= 0) {
     // Adaptive: aim for target_seconds per measurement.
@@ -401,7 +330,7 @@ Result measure(Bench& b, bool in_place) {
   auto prev = t0;
   long in_block = 0;
   for (long i = 0; i < iters; ++i) {
-    b.run(in_place);
+    step();
     if (++in_block < per && i + 1 != iters) continue;
     const auto now = Clock::now();
     per_call.push_back(seconds(now - prev) / static_cast<double>(in_block));
@@ -409,21 +338,23 @@ Result measure(Bench& b, bool in_place) {
     in_block = 0;
   }
   std::sort(per_call.begin(), per_call.end());
-  // The slowest rank's mean, min, median and max, in one allreduce.
+  // The mean, min, median and max of the slowest rank (or as -a says), in one collective.
   double stats[4] = {seconds(prev - t0) / static_cast<double>(iters), per_call.front(),
                      per_call[per_call.size() / 2], per_call.back()};
-  comm.allreduce(stats, stats, 4, DataType::f64, ReduceOp::max);
+  report_over_ranks(comm, stats, 4, b.args.report);
   res.time_us = stats[0] * 1e6;
   res.min_us = stats[1] * 1e6;
   res.median_us = stats[2] * 1e6;
   res.max_us = stats[3] * 1e6;
-  if (b.args.check) {
+  // -c N: N checked calls, each on fresh inputs; #wrong is their total.
+  for (long c = 0; c < b.args.check; ++c) {
     b.fill(in_place);
     Work w = b.issue(in_place);
     w.wait();
     res.algo = w.algorithm();
-    res.wrong = sum_over_ranks(comm, b.wrong(in_place));
-  } else {
+    res.wrong += sum_over_ranks(comm, b.wrong(in_place));
+  }
+  if (b.args.check == 0) {
     Work w = b.issue(in_place);
     w.wait();
     res.algo = w.algorithm();
@@ -475,25 +406,50 @@ int calibrate(const std::string& path) {
 }
 
 int main(int argc, char** argv) {
-  if (argc == 3 && std::string(argv[1]) == "--calibrate") return calibrate(argv[2]);
-  Args args = parse(argc, argv);
+  perf::Parsed parsed = perf::parse_args(argc, argv);
+  switch (parsed.kind) {
+    case perf::Parsed::Kind::help:
+      std::fputs(perf::kUsage, stdout);
+      return 0;
+    case perf::Parsed::Kind::version:
+      std::printf("%s\n", ringreduce_tools::version_text("ringreduce-perf").c_str());
+      return 0;
+    case perf::Parsed::Kind::usage_error:
+      usage_error(parsed.error);
+    case perf::Parsed::Kind::calibrate:
+      return calibrate(parsed.args.calibrate_file);
+    case perf::Parsed::Kind::run:
+      break;
+  }
+  const Args& args = parsed.args;
   if (args.device && !reduce::cuda::available())
-    usage(("-M device: " + reduce::cuda::unavailable_reason()).c_str());
+    usage_error("--buffers device: " + reduce::cuda::unavailable_reason());
   try {
     Options options;
+    if (args.timeout_s > 0)
+      options.timeout = std::chrono::milliseconds(static_cast<long long>(args.timeout_s * 1000));
     if (!args.algo.empty()) options.settings["RINGREDUCE_ALGO"] = args.coll_name + ":" + args.algo;
     Communicator comm = Communicator::from_env(options);
     const int n = comm.size();
     const bool print = comm.rank() == 0;
-    if (args.root < 0 || args.root >= n) usage("-r ROOT must be a rank");
+    if (args.root < 0 || args.root >= n)
+      usage_error("-r " + std::to_string(args.root) + " is not a rank of " + std::to_string(n));
     char host[256] = {};
     gethostname(host, sizeof host - 1);
     if (print) {
-      std::printf("# ringreduce-perf %s: %d ranks, iters %s, warmup %ld, check %d\n",
+      std::printf("# ringreduce-perf %s: %d ranks, iters %s, warmup %ld, check %ld\n",
                   args.coll_name.c_str(), n,
                   args.iters > 0 ? std::to_string(args.iters).c_str() : "adaptive", args.warmup,
-                  args.check ? 1 : 0);
+                  args.check);
       std::printf("#  Rank  0 Pid %6d on %s\n", getpid(), host);
+      // Only where they differ from the defaults, so that default runs print what they always did.
+      if (args.blocking)
+        std::printf("#  Blocking: a barrier after each call, inside the timing (-z 1)\n");
+      if (args.report != Report::max) {
+        const char* whose[] = {"rank 0's", "the mean over the ranks", "the fastest rank's"};
+        std::printf("#  Times: %s (-a %d)\n", whose[static_cast<int>(args.report)],
+                    static_cast<int>(args.report));
+      }
       std::printf("#  Buffers in %s memory%s\n#\n", args.device ? "device" : "host",
                   args.device ? (" (" + reduce::cuda::device_description() + ")").c_str() : "");
       std::printf("# %10s %12s %8s %6s %6s  %9s %7s %7s %6s  %9s %7s %7s %6s  %-20s  %s\n", "", "",
@@ -559,7 +515,7 @@ int main(int argc, char** argv) {
                         oop.algo.c_str(), spread);
             std::fflush(stdout);
           }
-          const size_t next = static_cast<size_t>(static_cast<double>(bytes) * args.factor);
+          const size_t next = args.next_bytes(bytes);
           if (next <= bytes) break;
           bytes = next;
         }

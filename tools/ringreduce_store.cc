@@ -1,6 +1,6 @@
 // ringreduce-store: a standalone rendezvous store server, for jobs where rank 0 should not host
 // the store (RINGREDUCE_STORE_SERVER=0) or where the store must outlive any one rank.
-//   ringreduce-store [--host H] [--port P]
+//   ringreduce-store [--host H] [--port P] | --help | --version
 // With RINGREDUCE_TOKEN set in its environment, only clients that prove they hold the same token
 // are served.
 // Prints "listening on HOST:PORT" once it accepts connections, then serves until SIGINT or
@@ -15,6 +15,7 @@
 #include "core/config.h"
 #include "rendezvous/socket_util.h"
 #include "rendezvous/tcp_store.h"
+#include "tool_version.h"
 
 namespace {
 
@@ -22,6 +23,7 @@ constexpr const char* kUsage =
     "usage: ringreduce-store [--host H] [--port P]\n"
     "  --host H   address to listen on (default 0.0.0.0; :: for IPv6 and IPv4)\n"
     "  --port P   TCP port (default 29500; 0 picks a free one)\n"
+    "  -h, --help print this text; --version: print the version\n"
     "RINGREDUCE_TOKEN in the environment: serve only clients that prove they hold it.\n";
 
 bool parse_port(const std::string& text, int* port) {
@@ -48,6 +50,10 @@ int main(int argc, char** argv) {
     }
     if (arg == "-h" || arg == "--help") {
       std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (arg == "--version") {
+      std::printf("%s\n", ringreduce_tools::version_text("ringreduce-store").c_str());
       return 0;
     }
     if (arg != "--host" && arg != "--port") {

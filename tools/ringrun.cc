@@ -63,6 +63,7 @@
 #include "core/fd.h"
 #include "rendezvous/tcp_store.h"
 #include "ringrun_args.h"
+#include "tool_version.h"
 
 extern char** environ;
 
@@ -198,7 +199,7 @@ Pump pump(Stream& s, const std::string& prefix) {
 }
 
 // Parses the command line (ringrun_args.cc); returns the arguments, or an exit status: 0 after
-// --help, 2 after a usage error.
+// --help or --version, 2 after a usage error.
 std::optional<Args> parse_args(int argc, char** argv, int* status) {
   ringrun::Parsed p = ringrun::parse_args(argc, argv);
   switch (p.kind) {
@@ -206,6 +207,10 @@ std::optional<Args> parse_args(int argc, char** argv, int* status) {
       return std::move(p.args);
     case ringrun::Parsed::Kind::help:
       g_out.write(ringrun::kUsage);
+      *status = 0;
+      return std::nullopt;
+    case ringrun::Parsed::Kind::version:
+      g_out.write(ringreduce_tools::version_text("ringrun") + "\n");
       *status = 0;
       return std::nullopt;
     case ringrun::Parsed::Kind::usage_error:

@@ -29,7 +29,7 @@ const char kUsage[] =
     "With RINGREDUCE_TOKEN set, the store serves only ranks that prove they hold it\n"
     "(the ranks inherit it: set it for every node's ringrun).\n"
     "\n"
-    "  -n N                ranks on this host, 1..1024\n"
+    "  -n N, -np N         ranks on this host, 1..1024 (-np: mpirun's spelling)\n"
     "  --nnodes K          hosts in the job, one ringrun each (default 1); K*N at most 65536\n"
     "  --node-rank I       this host's place in the job, 0..K-1 (default 0)\n"
     "  --master HOST:PORT  the store's address, required with --nnodes above 1: node 0\n"
@@ -40,6 +40,7 @@ const char kUsage[] =
     "  --store-stats       at the end, say how many requests the store served (node 0 only:\n"
     "                      the other nodes host no store)\n"
     "  -h, --help          print this text\n"
+    "  --version           print the version\n"
     "\n"
     "Exit status: 0 if every rank exited 0; else the first failing rank's code (128+signal\n"
     "if it was killed); 124 on timeout; 128+signal if ringrun was interrupted; 2 on bad\n"
@@ -95,16 +96,24 @@ Parsed parse_args(int argc, const char* const* argv) {
       p.kind = Parsed::Kind::help;
       return p;
     }
+    if (arg == "--version") {
+      p.kind = Parsed::Kind::version;
+      return p;
+    }
     if (arg == "--store-stats") {
       a.store_stats = true;
       continue;
     }
-    // The value comes as "--opt V", "--opt=V", or for -n also "-nV" and "-n=V".
+    // The value comes as "--opt V", "--opt=V", or for -n also "-nV" and "-n=V". mpirun's -np
+    // and --np are -n's other names (so that an mpirun command line runs under ringrun).
     std::string name = arg;
     std::optional<std::string> value;
     if (const size_t eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
       name = arg.substr(0, eq);
       value = arg.substr(eq + 1);
+      if (name == "--np") name = "-n";
+    } else if (arg == "-np" || arg == "--np") {
+      name = "-n";
     } else if (arg.rfind("-n", 0) == 0 && arg.size() > 2) {
       name = "-n";
       value = arg.substr(arg[2] == '=' ? 3 : 2);

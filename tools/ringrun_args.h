@@ -40,9 +40,10 @@ struct Args {
   bool hosts_store() const { return node_rank == 0; }
 };
 
-// What the command line asks for: a job to run, the usage text, or neither (a usage error).
+// What the command line asks for: a job to run, the usage text, the version, or none of them (a
+// usage error).
 struct Parsed {
-  enum class Kind { run, help, usage_error };
+  enum class Kind { run, help, version, usage_error };
   Kind kind = Kind::usage_error;
   Args args;          // for run
   std::string error;  // for usage_error: one line that names the option and the value

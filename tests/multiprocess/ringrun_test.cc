@@ -506,6 +506,17 @@ TEST(Ringrun, AcceptsBoundaryRankCountsAndHelp) {
   ASSERT_TRUE(help.finish(10s));
   EXPECT_EQ(help.code(), 0);
   EXPECT_NE(help.out().find("usage: ringrun"), std::string::npos);
+
+  // mpirun's spelling of -n.
+  Ringrun np({"-np", "2", RANK_HELPER_PATH, "env"});
+  ASSERT_TRUE(np.finish(10s));
+  EXPECT_EQ(np.code(), 0) << np.err();
+  EXPECT_EQ(np.count_out(" world=2 "), 2) << np.out();
+
+  Ringrun version({"--version"});
+  ASSERT_TRUE(version.finish(10s));
+  EXPECT_EQ(version.code(), 0);
+  EXPECT_EQ(version.out().rfind("ringrun ", 0), 0u) << version.out();
 }
 
 TEST(Ringrun, MissingProgramIsAClearError) {
