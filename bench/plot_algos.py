@@ -1,16 +1,20 @@
 #!/usr/bin/env python3
 """Plot and table of the algorithm sweep (bench/algo_sweep.sh).
 
-usage: bench/plot_algos.py SWEEP_CSV OUT_PNG LABEL
+usage: bench/plot_algos.py SWEEP_CSV OUT_PNG LABEL [--caption TEXT]
 
 Reads rows "ranks,round,algo,size_bytes,time_us,busbw_GBps,ran"; per (ranks, algo, size) keeps
 the best round; drops forced rows where another algorithm ran (a size limit). Draws time and
 busbw against size, one column per world size, with the crossovers of the best forced algorithm
 marked; prints the markdown table: each algorithm's time, the best forced one, the tuner's pick,
 and two ratios to the best: the pick's own forced time (the choice's quality, free of the noise
-between two runs of one algorithm) and the tuner's run itself (the issue's bar: within 10%).
+between two runs of one algorithm) and the tuner's run itself (the bar: within 10%). The plot's caption names the machine, date
+and version: by default this machine's, today and this checkout's (bench/plot_caption.py);
+--caption gives the measuring run's when the plot is redrawn from a CSV in docs/.
 """
+import argparse
 import csv
+import os
 import sys
 from collections import defaultdict
 
@@ -18,6 +22,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import plot_caption  # noqa: E402
 
 
 def human(b):
@@ -32,10 +39,15 @@ def us(t):
 
 
 def main():
-    if len(sys.argv) != 4:
-        print(__doc__, file=sys.stderr)
-        return 2
-    path, png, label = sys.argv[1:]
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("csv")
+    ap.add_argument("png")
+    ap.add_argument("label")
+    ap.add_argument("--caption", default=None)
+    a = ap.parse_args()
+    path, png, label = a.csv, a.png, a.label
+    caption = a.caption or plot_caption.default_caption()
     best = {}  # (n, algo, size) -> (time_us, busbw, ran)
     with open(path) as f:
         for row in csv.DictReader(f):
@@ -104,7 +116,8 @@ def main():
             ax.set_ylabel(ylabel)
             ax.grid(True, which="both", alpha=0.3)
         axes[0][col].legend(fontsize=8)
-    fig.tight_layout()
+    fig.text(0.5, 0.005, caption, ha="center", va="bottom", fontsize=9, color="dimgrey")
+    fig.tight_layout(rect=(0, 0.025, 1, 1))
     fig.savefig(png, dpi=90)
     out.append("## More than 10% from the best forced algorithm")
     out.append("")

@@ -106,11 +106,7 @@ for round in $(seq 1 "$ROUNDS"); do
 done
 
 # The table: per library and N, the best round's first allreduce (and the spread over rounds).
-# The plot says where and when it was measured: machine, cores, date, version.
-where="$(uname -n), $(nproc) cores"
-[ "$HOSTS" -gt 0 ] && where="$where, ringreduce over $HOSTS emulated hosts at 10 Gbit/s"
-caption="$where, $(date -u +%F), git $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-/usr/bin/python3 - "$csv" "$OUT/startup.md" "$PNG" "$caption" <<'EOF'
+/usr/bin/python3 - "$csv" "$OUT/startup.md" <<'EOF'
 import csv, sys
 rows = [r for r in csv.DictReader(open(sys.argv[1])) if r["check"] == "ok"]
 by = {}
@@ -125,34 +121,12 @@ for (lib, n), rs in sorted(by.items()):
                  f"{float(best['ready_s']):.2f} | {float(best['last_start_s']):.2f} | {best['requests_per_rank'] or '-'} |")
 open(sys.argv[2], "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
-try:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-except ImportError:
-    print("(no plot: python3-matplotlib is not installed)")
-    sys.exit(0)
-fig, ax = plt.subplots(1, 2, figsize=(10, 4))
-# Store requests where the store counted them (ringrun's); else when the last process started.
-has_req = any(r["requests_per_rank"] for rs in by.values() for r in rs)
-for lib in sorted({k[0] for k in by}):
-    ns = sorted(n for (l, n) in by if l == lib)
-    best = [min(float(r["first_allreduce_s"]) for r in by[(lib, n)]) for n in ns]
-    ax[0].plot(ns, best, "o-", label=lib)
-    best_rows = [min(by[(lib, n)], key=lambda r: float(r["first_allreduce_s"])) for n in ns]
-    if has_req and lib.startswith("ringreduce"):
-        ax[1].plot(ns, [float(r["requests_per_rank"]) for r in best_rows], "o-", label=lib)
-    elif not has_req:
-        ax[1].plot(ns, [float(r["last_start_s"]) for r in best_rows], "o-", label=lib)
-for a in ax:
-    a.set_xscale("log", base=2)
-    a.set_xlabel("ranks")
-    a.legend()
-    a.grid(True, alpha=0.3)
-ax[0].set_ylabel("launch to first allreduce done (s, best of rounds)")
-ax[1].set_ylabel("store requests per rank" if has_req else "last process started (s, same rounds)")
-fig.suptitle("start-up: " + sys.argv[4])
-fig.tight_layout()
-fig.savefig(sys.argv[3], dpi=100)
-print("plot:", sys.argv[3])
 EOF
+# The plot says where and when it was measured: machine, cores, date, version (bench/plot_caption.py).
+setting="one host"
+[ "$HOSTS" -gt 0 ] && setting="ringreduce over $HOSTS emulated hosts at 10 Gbit/s"
+if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
+  /usr/bin/python3 "$ROOT/bench/plot_startup.py" "$csv" "$PNG" --setting "$setting"
+else
+  echo "(no plot: python3-matplotlib is not installed)"
+fi
