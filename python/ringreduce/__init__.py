@@ -10,6 +10,10 @@
 Buffers are NumPy arrays (or anything with the buffer protocol) and CPU torch tensors, used in
 place. Errors are ringreduce.Error and its subclasses (TimeoutError, PeerError, MismatchError,
 InvalidArgument), with the C++ library's messages: they name the rank, the call and its number.
+ringreduce.TimeoutError is Python's TimeoutError too; InvalidArgument is a ValueError. Each call
+takes only its own arguments: one it does not take (allgather(op=...)) is an InvalidArgument.
+
+ringreduce.__version__ is the running library's version (libringreduce's rr_version()).
 
 `import ringreduce.torch` registers the torch.distributed backend "ringreduce".
 """
@@ -26,6 +30,7 @@ from ._ringreduce import (  # noqa: F401
     ReduceOp,
     TimeoutError,
     Work,
+    __version__,
 )
 
 __all__ = [
