@@ -49,8 +49,9 @@ __all__ = [
 ]
 
 
-def init(**kwargs):
+def init(*, rank=None, size=None, addr=None, token=None, timeout=None, settings=None):
     """A Communicator whose rank, size and store address come from the environment (ringrun,
-    torchrun, mpirun, srun); keyword arguments (rank, size, addr, token, timeout, settings)
-    override it."""
-    return Communicator(**kwargs)
+    torchrun, mpirun, srun); the arguments given (rank, size, addr, token, timeout in seconds,
+    settings: RINGREDUCE_* names to values) override it."""
+    return Communicator(rank=rank, size=size, addr=addr, token=token, timeout=timeout,
+                        settings=settings or {})
