@@ -9,9 +9,9 @@ from typing_extensions import Self, TypeAlias
 
 # NumPy arrays and anything else with the buffer protocol, CPU and CUDA torch tensors, and
 # objects with __cuda_array_interface__ (CuPy, Numba): used in place, never copied.
-Buffer: TypeAlias = Any
+_Buffer: TypeAlias = Any
 # A ReduceOp or its name: "sum", "prod", "min", "max", "avg", "band", "bor", "bxor", "premul_sum".
-Op: TypeAlias = Union["ReduceOp", str]
+_Op: TypeAlias = Union["ReduceOp", str]
 
 __version__: str
 ANY_SOURCE: int
@@ -105,83 +105,83 @@ class Communicator:
     ) -> None: ...
     def allreduce(
         self,
-        send: Buffer,
-        recv: Optional[Buffer] = None,
-        op: Optional[Op] = None,
+        send: _Buffer,
+        recv: Optional[_Buffer] = None,
+        op: Optional[_Op] = None,
         dtype: Optional[str] = None,
         timeout: Optional[float] = None,
         premul_factor: float = 1.0,
-    ) -> Buffer: ...
+    ) -> _Buffer: ...
     def allreduce_async(
         self,
-        send: Buffer,
-        recv: Optional[Buffer] = None,
-        op: Optional[Op] = None,
+        send: _Buffer,
+        recv: Optional[_Buffer] = None,
+        op: Optional[_Op] = None,
         dtype: Optional[str] = None,
         timeout: Optional[float] = None,
         premul_factor: float = 1.0,
     ) -> Work: ...
     def reduce_scatter(
         self,
-        send: Buffer,
-        recv: Buffer,
-        op: Optional[Op] = None,
+        send: _Buffer,
+        recv: _Buffer,
+        op: Optional[_Op] = None,
         dtype: Optional[str] = None,
         timeout: Optional[float] = None,
         premul_factor: float = 1.0,
-    ) -> Buffer: ...
+    ) -> _Buffer: ...
     def reduce_scatter_async(
         self,
-        send: Buffer,
-        recv: Buffer,
-        op: Optional[Op] = None,
+        send: _Buffer,
+        recv: _Buffer,
+        op: Optional[_Op] = None,
         dtype: Optional[str] = None,
         timeout: Optional[float] = None,
         premul_factor: float = 1.0,
     ) -> Work: ...
     def allgather(
-        self, send: Buffer, recv: Buffer, dtype: Optional[str] = None, timeout: Optional[float] = None
-    ) -> Buffer: ...
+        self, send: _Buffer, recv: _Buffer, dtype: Optional[str] = None, timeout: Optional[float] = None
+    ) -> _Buffer: ...
     def allgather_async(
-        self, send: Buffer, recv: Buffer, dtype: Optional[str] = None, timeout: Optional[float] = None
+        self, send: _Buffer, recv: _Buffer, dtype: Optional[str] = None, timeout: Optional[float] = None
     ) -> Work: ...
     def alltoall(
-        self, send: Buffer, recv: Buffer, dtype: Optional[str] = None, timeout: Optional[float] = None
-    ) -> Buffer: ...
+        self, send: _Buffer, recv: _Buffer, dtype: Optional[str] = None, timeout: Optional[float] = None
+    ) -> _Buffer: ...
     def alltoall_async(
-        self, send: Buffer, recv: Buffer, dtype: Optional[str] = None, timeout: Optional[float] = None
+        self, send: _Buffer, recv: _Buffer, dtype: Optional[str] = None, timeout: Optional[float] = None
     ) -> Work: ...
     def broadcast(
         self,
-        send: Buffer,
-        recv: Optional[Buffer] = None,
+        send: _Buffer,
+        recv: Optional[_Buffer] = None,
         root: int = 0,
         dtype: Optional[str] = None,
         timeout: Optional[float] = None,
-    ) -> Buffer: ...
+    ) -> _Buffer: ...
     def broadcast_async(
         self,
-        send: Buffer,
-        recv: Optional[Buffer] = None,
+        send: _Buffer,
+        recv: Optional[_Buffer] = None,
         root: int = 0,
         dtype: Optional[str] = None,
         timeout: Optional[float] = None,
     ) -> Work: ...
     def reduce(
         self,
-        send: Buffer,
-        recv: Optional[Buffer] = None,
-        op: Optional[Op] = None,
+        send: _Buffer,
+        recv: Optional[_Buffer] = None,
+        op: Optional[_Op] = None,
         root: int = 0,
         dtype: Optional[str] = None,
         timeout: Optional[float] = None,
         premul_factor: float = 1.0,
-    ) -> Buffer: ...
+    ) -> _Buffer: ...
     def reduce_async(
         self,
-        send: Buffer,
-        recv: Optional[Buffer] = None,
-        op: Optional[Op] = None,
+        send: _Buffer,
+        recv: Optional[_Buffer] = None,
+        op: Optional[_Op] = None,
         root: int = 0,
         dtype: Optional[str] = None,
         timeout: Optional[float] = None,
@@ -190,16 +190,16 @@ class Communicator:
     # Returns recv on the root, None elsewhere (where recv may be None).
     def gather(
         self,
-        send: Buffer,
-        recv: Optional[Buffer] = None,
+        send: _Buffer,
+        recv: Optional[_Buffer] = None,
         root: int = 0,
         dtype: Optional[str] = None,
         timeout: Optional[float] = None,
-    ) -> Optional[Buffer]: ...
+    ) -> Optional[_Buffer]: ...
     def gather_async(
         self,
-        send: Buffer,
-        recv: Optional[Buffer] = None,
+        send: _Buffer,
+        recv: Optional[_Buffer] = None,
         root: int = 0,
         dtype: Optional[str] = None,
         timeout: Optional[float] = None,
@@ -207,69 +207,69 @@ class Communicator:
     # send is only used on the root (None elsewhere).
     def scatter(
         self,
-        send: Optional[Buffer],
-        recv: Buffer,
+        send: Optional[_Buffer],
+        recv: _Buffer,
         root: int = 0,
         dtype: Optional[str] = None,
         timeout: Optional[float] = None,
-    ) -> Buffer: ...
+    ) -> _Buffer: ...
     def scatter_async(
         self,
-        send: Optional[Buffer],
-        recv: Buffer,
+        send: Optional[_Buffer],
+        recv: _Buffer,
         root: int = 0,
         dtype: Optional[str] = None,
         timeout: Optional[float] = None,
     ) -> Work: ...
     def allgatherv(
         self,
-        send: Buffer,
-        recv: Buffer,
+        send: _Buffer,
+        recv: _Buffer,
         counts: Sequence[int],
         dtype: Optional[str] = None,
         timeout: Optional[float] = None,
-    ) -> Buffer: ...
+    ) -> _Buffer: ...
     def allgatherv_async(
         self,
-        send: Buffer,
-        recv: Buffer,
+        send: _Buffer,
+        recv: _Buffer,
         counts: Sequence[int],
         dtype: Optional[str] = None,
         timeout: Optional[float] = None,
     ) -> Work: ...
     def reduce_scatterv(
         self,
-        send: Buffer,
-        recv: Buffer,
+        send: _Buffer,
+        recv: _Buffer,
         counts: Sequence[int],
-        op: Optional[Op] = None,
+        op: Optional[_Op] = None,
         dtype: Optional[str] = None,
         timeout: Optional[float] = None,
         premul_factor: float = 1.0,
-    ) -> Buffer: ...
+    ) -> _Buffer: ...
     def reduce_scatterv_async(
         self,
-        send: Buffer,
-        recv: Buffer,
+        send: _Buffer,
+        recv: _Buffer,
         counts: Sequence[int],
-        op: Optional[Op] = None,
+        op: Optional[_Op] = None,
         dtype: Optional[str] = None,
         timeout: Optional[float] = None,
         premul_factor: float = 1.0,
     ) -> Work: ...
     def alltoallv(
         self,
-        send: Buffer,
-        recv: Buffer,
+        send: _Buffer,
+        recv: _Buffer,
         send_counts: Sequence[int],
         recv_counts: Sequence[int],
         dtype: Optional[str] = None,
         timeout: Optional[float] = None,
-    ) -> Buffer: ...
+    ) -> _Buffer: ...
     def alltoallv_async(
         self,
-        send: Buffer,
-        recv: Buffer,
+        send: _Buffer,
+        recv: _Buffer,
         send_counts: Sequence[int],
         recv_counts: Sequence[int],
         dtype: Optional[str] = None,
@@ -277,7 +277,7 @@ class Communicator:
     ) -> Work: ...
     def send(
         self,
-        buf: Buffer,
+        buf: _Buffer,
         dst: int,
         tag: int = 0,
         dtype: Optional[str] = None,
@@ -285,7 +285,7 @@ class Communicator:
     ) -> None: ...
     def send_async(
         self,
-        buf: Buffer,
+        buf: _Buffer,
         dst: int,
         tag: int = 0,
         dtype: Optional[str] = None,
@@ -294,7 +294,7 @@ class Communicator:
     # Returns the sender's rank.
     def recv(
         self,
-        buf: Buffer,
+        buf: _Buffer,
         src: Optional[int] = None,
         tag: int = 0,
         dtype: Optional[str] = None,
@@ -302,7 +302,7 @@ class Communicator:
     ) -> int: ...
     def recv_async(
         self,
-        buf: Buffer,
+        buf: _Buffer,
         src: Optional[int] = None,
         tag: int = 0,
         dtype: Optional[str] = None,
