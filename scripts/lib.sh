@@ -13,6 +13,8 @@ RR_PACKAGES=(cmake ninja-build g++ pkg-config python3 libgtest-dev libgmock-dev 
              # the Python module, the torch backend and its tests (Debian's interpreter)
              python3-dev pybind11-dev python3-numpy python3-pytest python3-torch libtorch-dev
              python3-sklearn
+             # scripts/pip-check: pip install --no-build-isolation into a venv of Debian's python3
+             python3-venv python3-pip python3-setuptools python3-wheel
              # the compiler cache every build here goes through (RR_CCACHE below)
              ccache)
 

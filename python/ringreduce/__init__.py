@@ -10,6 +10,10 @@
 Buffers are NumPy arrays (or anything with the buffer protocol) and CPU torch tensors, used in
 place. Errors are ringreduce.Error and its subclasses (TimeoutError, PeerError, MismatchError,
 InvalidArgument), with the C++ library's messages: they name the rank, the call and its number.
+ringreduce.TimeoutError is Python's TimeoutError too; InvalidArgument is a ValueError. Each call
+takes only its own arguments: one it does not take (allgather(op=...)) is an InvalidArgument.
+
+ringreduce.__version__ is the running library's version (libringreduce's rr_version()).
 
 `import ringreduce.torch` registers the torch.distributed backend "ringreduce".
 """
@@ -26,6 +30,7 @@ from ._ringreduce import (  # noqa: F401
     ReduceOp,
     TimeoutError,
     Work,
+    __version__,
 )
 
 __all__ = [
@@ -44,8 +49,9 @@ __all__ = [
 ]
 
 
-def init(**kwargs):
+def init(*, rank=None, size=None, addr=None, token=None, timeout=None, settings=None):
     """A Communicator whose rank, size and store address come from the environment (ringrun,
-    torchrun, mpirun, srun); keyword arguments (rank, size, addr, token, timeout, settings)
-    override it."""
-    return Communicator(**kwargs)
+    torchrun, mpirun, srun); the arguments given (rank, size, addr, token, timeout in seconds,
+    settings: RINGREDUCE_* names to values) override it."""
+    return Communicator(rank=rank, size=size, addr=addr, token=token, timeout=timeout,
+                        settings=settings or {})

@@ -23,13 +23,37 @@ using rr::python::call_options;
 using rr::python::PyComm;
 using rr::python::PyWork;
 
+namespace {
+
+// Keyword arguments a call does not take. Each call binds a trailing **kwargs so that one it
+// does not take (another collective's op or root, a misspelt timeout) is refused as
+// ringreduce.InvalidArgument, a ValueError naming the rank, the call, the argument and the ones
+// it takes, rather than pybind11's TypeError, which lists the whole signature and names none.
+// Missing or surplus positional arguments stay the TypeError Python raises for any function.
+void refuse_extra(const PyComm& c, const char* call, const char* takes, const py::kwargs& extra) {
+  if (extra.empty()) return;
+  std::string names;
+  for (const auto& kv : extra)
+    names += (names.empty() ? "'" : ", '") + py::str(kv.first).cast<std::string>() + "'";
+  rr::python::bad_argument(
+      c.peek(), call, std::string("does not take ") + names + " (its arguments: " + takes + ")");
+}
+
+}  // namespace
+
 PYBIND11_MODULE(_ringreduce, m) {
   ringreduce::python::install_interrupt_hook();
   m.doc() = "ringreduce: bandwidth-optimal collectives (C++ core); see help(ringreduce)";
+  // The version of the library that runs (libringreduce's, not this module's headers'), which is
+  // also the wheel's: setup.py reads the same include/ringreduce/version.h.
+  m.attr("__version__") = rr::Communicator::version();
 
   // Exceptions mirror the C++ classes and carry the same messages.
   static py::exception<rr::Error> error(m, "Error", PyExc_RuntimeError);
-  static py::exception<rr::TimeoutError> timeout_error(m, "TimeoutError", error.ptr());
+  // Also Python's own TimeoutError, so that `except TimeoutError` (asyncio, concurrent.futures'
+  // habits) catches a ringreduce timeout; being a builtin TimeoutError makes it an OSError too.
+  static py::object timeout_bases = py::make_tuple(error, py::handle(PyExc_TimeoutError));
+  static py::exception<rr::TimeoutError> timeout_error(m, "TimeoutError", timeout_bases.ptr());
   static py::exception<rr::PeerError> peer_error(m, "PeerError", error.ptr());
   static py::exception<rr::MismatchError> mismatch_error(m, "MismatchError", error.ptr());
   static py::object invalid_bases = py::make_tuple(error, py::handle(PyExc_ValueError));
@@ -132,67 +156,115 @@ PYBIND11_MODULE(_ringreduce, m) {
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](PyComm& c, py::args) { c.close(); });
 
-  // Each collective as a blocking call (returns the output buffer) and an async one (returns a
-  // Work). Keyword names follow torch.distributed where it has one.
-  auto def2 = [&](const char* name, const char* async_name, K kind, auto&& fn, const char* doc) {
-    for (bool async : {false, true})
-      cls.def(
-          async ? async_name : name,
-          [=](PyComm& c, py::object a, py::object b, py::object op, int root,
-              std::optional<std::string> dtype, std::optional<double> timeout,
-              double premul_factor) {
-            return fn(c, kind, name, a, b, op, root, dtype, timeout, premul_factor, async);
-          },
-          py::arg("send"), py::arg("recv") = py::none(), py::arg("op") = py::none(),
-          py::arg("root") = 0, py::arg("dtype") = py::none(), py::arg("timeout") = py::none(),
-          py::arg("premul_factor") = 1.0, doc);
-  };
-  auto call = [](PyComm& c, K kind, const char* name, const py::object& a, const py::object& b,
-                 const py::object& op, int root, const std::optional<std::string>& dtype,
-                 std::optional<double> timeout, double premul_factor, bool async) {
-    return c.collective(kind, name, a, b, op, root, dtype, timeout, premul_factor, async);
-  };
-  def2("allreduce", "allreduce_async", K::allreduce, call,
-       "allreduce(send, recv=None, op='sum'): recv = op over ranks of send (in place without "
-       "recv). op: sum, prod, min, max, avg or a ReduceOp.");
-  def2("reduce_scatter", "reduce_scatter_async", K::reduce_scatter, call,
-       "reduce_scatter(send, recv, op='sum'): send holds size x len(recv) elements; rank r "
-       "receives block r of the reduction.");
-  def2("allgather", "allgather_async", K::allgather, call,
-       "allgather(send, recv): recv holds size x len(send) elements; block r is rank r's send.");
-  def2("broadcast", "broadcast_async", K::broadcast, call,
-       "broadcast(send, recv=None, root=0): every rank's buffer becomes root's.");
-  def2("reduce", "reduce_async", K::reduce, call,
-       "reduce(send, recv=None, op='sum', root=0): the root's recv (or send, in place) becomes "
-       "the reduction; other ranks' buffers are unchanged.");
-  def2("alltoall", "alltoall_async", K::alltoall, call,
-       "alltoall(send, recv): both hold size equal blocks; block j of send goes to rank j.");
+  // Each call as a blocking method (returns the output buffer) and an async one, name_async
+  // (returns a Work). Each takes its own arguments only (keyword names follow torch.distributed
+  // where it has one); `takes` lists them for refuse_extra's message.
+  using U = PyComm::Uneven;
   for (bool async : {false, true}) {
+    auto method = [async](const char* blocking, const char* nonblocking) {
+      return async ? nonblocking : blocking;
+    };
+    const char* name = method("allreduce", "allreduce_async");
     cls.def(
-        async ? "gather_async" : "gather",
-        [async](PyComm& c, py::object send, py::object recv, int root,
-                std::optional<std::string> dtype, std::optional<double> timeout) {
-          return c.gather_scatter(true, send, recv, root, dtype, timeout, async);
+        name,
+        [=](PyComm& c, py::object send, py::object recv, py::object op,
+            std::optional<std::string> dtype, std::optional<double> timeout, double premul_factor,
+            py::kwargs extra) {
+          refuse_extra(c, name, "send, recv, op, dtype, timeout, premul_factor", extra);
+          return c.collective(K::allreduce, "allreduce", send, recv, op, 0, dtype, timeout,
+                              premul_factor, async);
+        },
+        py::arg("send"), py::arg("recv") = py::none(), py::arg("op") = py::none(),
+        py::arg("dtype") = py::none(), py::arg("timeout") = py::none(),
+        py::arg("premul_factor") = 1.0,
+        "allreduce(send, recv=None, op='sum'): recv = op over ranks of send (in place without "
+        "recv). op: sum, prod, min, max, avg, band, bor, bxor, premul_sum or a ReduceOp.");
+    name = method("reduce_scatter", "reduce_scatter_async");
+    cls.def(
+        name,
+        [=](PyComm& c, py::object send, py::object recv, py::object op,
+            std::optional<std::string> dtype, std::optional<double> timeout, double premul_factor,
+            py::kwargs extra) {
+          refuse_extra(c, name, "send, recv, op, dtype, timeout, premul_factor", extra);
+          return c.collective(K::reduce_scatter, "reduce_scatter", send, recv, op, 0, dtype,
+                              timeout, premul_factor, async);
+        },
+        py::arg("send"), py::arg("recv"), py::arg("op") = py::none(), py::arg("dtype") = py::none(),
+        py::arg("timeout") = py::none(), py::arg("premul_factor") = 1.0,
+        "reduce_scatter(send, recv, op='sum'): send holds size x len(recv) elements; rank r "
+        "receives block r of the reduction.");
+    // allgather and alltoall move data: no op, no root.
+    for (const K kind : {K::allgather, K::alltoall}) {
+      const bool ag = kind == K::allgather;
+      const char* call = ag ? "allgather" : "alltoall";
+      name = ag ? method("allgather", "allgather_async") : method("alltoall", "alltoall_async");
+      cls.def(
+          name,
+          [=](PyComm& c, py::object send, py::object recv, std::optional<std::string> dtype,
+              std::optional<double> timeout, py::kwargs extra) {
+            refuse_extra(c, name, "send, recv, dtype, timeout", extra);
+            return c.collective(kind, call, send, recv, py::none(), 0, dtype, timeout, 1.0, async);
+          },
+          py::arg("send"), py::arg("recv"), py::arg("dtype") = py::none(),
+          py::arg("timeout") = py::none(),
+          ag ? "allgather(send, recv): recv holds size x len(send) elements; block r is rank r's "
+               "send."
+             : "alltoall(send, recv): both hold size equal blocks; block j of send goes to rank "
+               "j.");
+    }
+    name = method("broadcast", "broadcast_async");
+    cls.def(
+        name,
+        [=](PyComm& c, py::object send, py::object recv, int root, std::optional<std::string> dtype,
+            std::optional<double> timeout, py::kwargs extra) {
+          refuse_extra(c, name, "send, recv, root, dtype, timeout", extra);
+          return c.collective(K::broadcast, "broadcast", send, recv, py::none(), root, dtype,
+                              timeout, 1.0, async);
         },
         py::arg("send"), py::arg("recv") = py::none(), py::arg("root") = 0,
         py::arg("dtype") = py::none(), py::arg("timeout") = py::none(),
-        "gather(send, recv=None, root=0): the root's recv (size x len(send) elements) gets rank "
-        "r's send as block r; recv is only used on the root. Returns recv there, None elsewhere.");
+        "broadcast(send, recv=None, root=0): every rank's buffer becomes root's.");
+    name = method("reduce", "reduce_async");
     cls.def(
-        async ? "scatter_async" : "scatter",
-        [async](PyComm& c, py::object send, py::object recv, int root,
-                std::optional<std::string> dtype, std::optional<double> timeout) {
-          return c.gather_scatter(false, send, recv, root, dtype, timeout, async);
+        name,
+        [=](PyComm& c, py::object send, py::object recv, py::object op, int root,
+            std::optional<std::string> dtype, std::optional<double> timeout, double premul_factor,
+            py::kwargs extra) {
+          refuse_extra(c, name, "send, recv, op, root, dtype, timeout, premul_factor", extra);
+          return c.collective(K::reduce, "reduce", send, recv, op, root, dtype, timeout,
+                              premul_factor, async);
         },
-        py::arg("send"), py::arg("recv"), py::arg("root") = 0, py::arg("dtype") = py::none(),
-        py::arg("timeout") = py::none(),
-        "scatter(send, recv, root=0): rank r's recv gets block r of the root's send (size x "
-        "len(recv) elements); send is only used on the root (None elsewhere).");
-    using U = PyComm::Uneven;
+        py::arg("send"), py::arg("recv") = py::none(), py::arg("op") = py::none(),
+        py::arg("root") = 0, py::arg("dtype") = py::none(), py::arg("timeout") = py::none(),
+        py::arg("premul_factor") = 1.0,
+        "reduce(send, recv=None, op='sum', root=0): the root's recv (or send, in place) becomes "
+        "the reduction; other ranks' buffers are unchanged.");
+    for (const bool gather : {true, false}) {
+      name = gather ? method("gather", "gather_async") : method("scatter", "scatter_async");
+      auto fn = [=](PyComm& c, py::object send, py::object recv, int root,
+                    std::optional<std::string> dtype, std::optional<double> timeout,
+                    py::kwargs extra) {
+        refuse_extra(c, name, "send, recv, root, dtype, timeout", extra);
+        return c.gather_scatter(gather, send, recv, root, dtype, timeout, async);
+      };
+      if (gather)
+        cls.def(name, fn, py::arg("send"), py::arg("recv") = py::none(), py::arg("root") = 0,
+                py::arg("dtype") = py::none(), py::arg("timeout") = py::none(),
+                "gather(send, recv=None, root=0): the root's recv (size x len(send) elements) "
+                "gets rank r's send as block r; recv is only used on the root. Returns recv "
+                "there, None elsewhere.");
+      else
+        cls.def(name, fn, py::arg("send"), py::arg("recv"), py::arg("root") = 0,
+                py::arg("dtype") = py::none(), py::arg("timeout") = py::none(),
+                "scatter(send, recv, root=0): rank r's recv gets block r of the root's send "
+                "(size x len(recv) elements); send is only used on the root (None elsewhere).");
+    }
+    name = method("allgatherv", "allgatherv_async");
     cls.def(
-        async ? "allgatherv_async" : "allgatherv",
-        [async](PyComm& c, py::object send, py::object recv, std::vector<size_t> counts,
-                std::optional<std::string> dtype, std::optional<double> timeout) {
+        name,
+        [=](PyComm& c, py::object send, py::object recv, std::vector<size_t> counts,
+            std::optional<std::string> dtype, std::optional<double> timeout, py::kwargs extra) {
+          refuse_extra(c, name, "send, recv, counts, dtype, timeout", extra);
           return c.uneven(U::allgatherv, send, recv, counts, {}, py::none(), dtype, timeout, 1.0,
                           async);
         },
@@ -200,11 +272,13 @@ PYBIND11_MODULE(_ringreduce, m) {
         py::arg("timeout") = py::none(),
         "allgatherv(send, recv, counts): blocks of their own sizes, counts[r] from rank r (the "
         "same counts on every rank), one after another in recv; send holds counts[rank].");
+    name = method("reduce_scatterv", "reduce_scatterv_async");
     cls.def(
-        async ? "reduce_scatterv_async" : "reduce_scatterv",
-        [async](PyComm& c, py::object send, py::object recv, std::vector<size_t> counts,
-                py::object op, std::optional<std::string> dtype, std::optional<double> timeout,
-                double premul_factor) {
+        name,
+        [=](PyComm& c, py::object send, py::object recv, std::vector<size_t> counts, py::object op,
+            std::optional<std::string> dtype, std::optional<double> timeout, double premul_factor,
+            py::kwargs extra) {
+          refuse_extra(c, name, "send, recv, counts, op, dtype, timeout, premul_factor", extra);
           return c.uneven(U::reduce_scatterv, send, recv, counts, {}, op, dtype, timeout,
                           premul_factor, async);
         },
@@ -213,11 +287,13 @@ PYBIND11_MODULE(_ringreduce, m) {
         py::arg("premul_factor") = 1.0,
         "reduce_scatterv(send, recv, counts, op='sum'): send holds the blocks (counts[r] for rank "
         "r, the same counts on every rank); recv gets this rank's block, reduced.");
+    name = method("alltoallv", "alltoallv_async");
     cls.def(
-        async ? "alltoallv_async" : "alltoallv",
-        [async](PyComm& c, py::object send, py::object recv, std::vector<size_t> send_counts,
-                std::vector<size_t> recv_counts, std::optional<std::string> dtype,
-                std::optional<double> timeout) {
+        name,
+        [=](PyComm& c, py::object send, py::object recv, std::vector<size_t> send_counts,
+            std::vector<size_t> recv_counts, std::optional<std::string> dtype,
+            std::optional<double> timeout, py::kwargs extra) {
+          refuse_extra(c, name, "send, recv, send_counts, recv_counts, dtype, timeout", extra);
           return c.uneven(U::alltoallv, send, recv, send_counts, recv_counts, py::none(), dtype,
                           timeout, 1.0, async);
         },
@@ -225,38 +301,37 @@ PYBIND11_MODULE(_ringreduce, m) {
         py::arg("dtype") = py::none(), py::arg("timeout") = py::none(),
         "alltoallv(send, recv, send_counts, recv_counts): send_counts[j] elements to rank j and "
         "recv_counts[j] from rank j, blocks one after another.");
-  }
-  m.attr("ANY_SOURCE") = rr::Communicator::kAnySource;
-  m.attr("NO_COLOR") = rr::Communicator::kNoColor;
-  const char* send_doc =
-      "send(buf, dst, tag=0): a message to rank dst, taken there by a recv with this rank (or "
-      "any source) and this tag, of the same size. Messages with one tag arrive in the order "
-      "sent; they are matched apart from the collectives, in any order relative to them.";
-  const char* recv_doc =
-      "recv(buf, src=None, tag=0): receives a message of exactly len(buf) elements from rank src "
-      "(None or ANY_SOURCE: whichever rank sends one with this tag first) into buf; returns the "
-      "sender's rank.";
-  for (bool async : {false, true}) {
+    name = method("send", "send_async");
     cls.def(
-        async ? "send_async" : "send",
-        [async](PyComm& c, py::object buf, int dst, uint64_t tag, std::optional<std::string> dtype,
-                std::optional<double> timeout) {
+        name,
+        [=](PyComm& c, py::object buf, int dst, uint64_t tag, std::optional<std::string> dtype,
+            std::optional<double> timeout, py::kwargs extra) {
+          refuse_extra(c, name, "buf, dst, tag, dtype, timeout", extra);
           return c.p2p(true, buf, dst, tag, dtype, timeout, async);
         },
         py::arg("buf"), py::arg("dst"), py::arg("tag") = 0, py::arg("dtype") = py::none(),
-        py::arg("timeout") = py::none(), send_doc);
+        py::arg("timeout") = py::none(),
+        "send(buf, dst, tag=0): a message to rank dst, taken there by a recv with this rank (or "
+        "any source) and this tag, of the same size. Messages with one tag arrive in the order "
+        "sent; they are matched apart from the collectives, in any order relative to them.");
+    name = method("recv", "recv_async");
     cls.def(
-        async ? "recv_async" : "recv",
-        [async](PyComm& c, py::object buf, std::optional<int> src, uint64_t tag,
-                std::optional<std::string> dtype, std::optional<double> timeout) {
+        name,
+        [=](PyComm& c, py::object buf, std::optional<int> src, uint64_t tag,
+            std::optional<std::string> dtype, std::optional<double> timeout, py::kwargs extra) {
+          refuse_extra(c, name, "buf, src, tag, dtype, timeout", extra);
           return c.p2p(false, buf, src, tag, dtype, timeout, async);
         },
         py::arg("buf"), py::arg("src") = py::none(), py::arg("tag") = 0,
-        py::arg("dtype") = py::none(), py::arg("timeout") = py::none(), recv_doc);
+        py::arg("dtype") = py::none(), py::arg("timeout") = py::none(),
+        "recv(buf, src=None, tag=0): receives a message of exactly len(buf) elements from rank "
+        "src (None or ANY_SOURCE: whichever rank sends one with this tag first) into buf; "
+        "returns the sender's rank.");
   }
   cls.def(
       "barrier",
-      [](PyComm& c, std::optional<double> timeout) {
+      [](PyComm& c, std::optional<double> timeout, py::kwargs extra) {
+        refuse_extra(c, "barrier", "timeout", extra);
         const auto comm = c.comm();
         const rr::CallOptions opts = call_options(timeout);
         ringreduce::python::blocking_call(*comm, [&] { comm->barrier(opts); });
@@ -264,7 +339,8 @@ PYBIND11_MODULE(_ringreduce, m) {
       py::arg("timeout") = py::none(), "Returns once every rank has called barrier().");
   cls.def(
       "barrier_async",
-      [](PyComm& c, std::optional<double> timeout) {
+      [](PyComm& c, std::optional<double> timeout, py::kwargs extra) {
+        refuse_extra(c, "barrier_async", "timeout", extra);
         const auto comm = c.comm();
         const rr::CallOptions opts = call_options(timeout);
         rr::Work w;
@@ -274,5 +350,7 @@ PYBIND11_MODULE(_ringreduce, m) {
         }
         return std::make_unique<PyWork>(std::move(w), std::vector<Buffer>{}, py::none(), comm);
       },
-      py::arg("timeout") = py::none());
+      py::arg("timeout") = py::none(), "barrier() as an op: returns a Work.");
+  m.attr("ANY_SOURCE") = rr::Communicator::kAnySource;
+  m.attr("NO_COLOR") = rr::Communicator::kNoColor;
 }

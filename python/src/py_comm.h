@@ -121,6 +121,8 @@ class PyComm {
     c.reset();
   }
   bool closed() const { return comm_ == nullptr; }
+  // For error messages only (the rank): null once closed, where comm() would throw.
+  const rr::Communicator* peek() const { return comm_.get(); }
 
   // One collective, blocking or async. send/recv are converted here (with the GIL); the op runs
   // without it.

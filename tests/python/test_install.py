@@ -19,6 +19,10 @@ def test_cmake_install_then_import(tmp_path):
                    stdout=subprocess.DEVNULL, timeout=120)
     site = list(prefix.glob("lib/python3*/dist-packages"))
     assert len(site) == 1, list(prefix.rglob("*"))[:20]
+    # The type stubs and py.typed come along (PEP 561).
+    pkg = site[0] / "ringreduce"
+    for f in ("py.typed", "__init__.pyi", "_ringreduce.pyi", "torch/__init__.pyi"):
+        assert (pkg / f).exists(), f
     code = ("import numpy as np, ringreduce\n"
             "c = ringreduce.Communicator(rank=0, size=1, addr='127.0.0.1:1')\n"
             "a = np.arange(4.0); c.allreduce(a, op='max'); c.close()\n"
