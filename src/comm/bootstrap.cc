@@ -16,6 +16,7 @@
 #include "rendezvous/join.h"
 #include "rendezvous/launch_env.h"
 #include "rendezvous/tcp_store.h"
+#include "rendezvous/torch_store.h"
 #include "ringreduce/error.h"
 #include "transport/table.h"
 #include "transport/topology.h"
@@ -113,15 +114,15 @@ std::exception_ptr CommImpl::startup_failed(const Error& e, const Options& optio
           hosting = config_.str("RINGREDUCE_STORE_SERVER");
         } catch (...) {
         }
-        if (hints.rank && *hints.rank == "0" && hosting != "0") {
+        if (hints.rank && *hints.rank == "0" && hosting != "0" && !hints.torch_store) {
           try {
             server = std::make_unique<rendezvous::TcpStoreServer>(hints.store_host,
                                                                   hints.store_port, token);
           } catch (...) {  // someone else hosts it after all
           }
         }
-        auto tcp = rendezvous::connect_tcp_store(hints.store_host, hints.store_port,
-                                                 std::chrono::milliseconds(1000), token);
+        auto tcp = rendezvous::connect_store(hints.store_host, hints.store_port, hints.torch_store,
+                                             std::chrono::milliseconds(1000), token);
         std::string job;
         try {
           job = rendezvous::job_id(config_);
@@ -260,13 +261,15 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
           ": no rendezvous address: set RINGREDUCE_ADDR=host:port (or MASTER_ADDR "
           "and MASTER_PORT) to the address of rank 0's host");
     store_host = launch.store_host;
-    if (rank_ == 0 && config_.str("RINGREDUCE_STORE_SERVER") != "0") {
+    if (rank_ == 0 && config_.str("RINGREDUCE_STORE_SERVER") != "0" && !launch.torch_store) {
       // Rank 0 hosts the store on the address it was given, so it is reachable where the others
       // will look for it.
       store_server_ =
           std::make_shared<rendezvous::TcpStoreServer>(launch.store_host, launch.store_port, token);
     }
-    auto tcp = rendezvous::connect_tcp_store(launch.store_host, launch.store_port, timeout_, token);
+    // Under torchrun's agent store, torch's TCPStore is already there: every rank is its client.
+    auto tcp = rendezvous::connect_store(launch.store_host, launch.store_port, launch.torch_store,
+                                         timeout_, token);
     // Under the job's own id where the launcher gives one, so that a store reused by several
     // jobs never mixes their keys.
     const std::string job = rendezvous::job_id(config_);
@@ -276,12 +279,24 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
     // A client of its own with a short timeout: when the store's host is stuck, a stall report
     // must fail fast, not hold up the communicator's destruction for RINGREDUCE_TIMEOUT.
     stall_store = [host = launch.store_host, port = launch.store_port, prefix, token,
+                   torch = launch.torch_store,
                    t = std::min(timeout_, std::chrono::milliseconds(5000))] {
-      return std::make_shared<PrefixStore>(rendezvous::connect_tcp_store(host, port, t, token),
+      return std::make_shared<PrefixStore>(rendezvous::connect_store(host, port, torch, t, token),
                                            prefix);
     };
+    std::string which;
+    if (launch.torch_store)
+      which = rendezvous::torch_store_dialect(*tcp) == rendezvous::TorchStoreDialect::v1
+                  ? " (torchrun's agent store: torch's TCPStore, torch 1 protocol)"
+                  : " (torchrun's agent store: torch's TCPStore, torch 2 protocol)";
     RR_LOG(info, rank_, "launched by ", launch.launcher, " as rank ", rank_, " of ", size_,
-           "; store at ", launch.store_host, ":", launch.store_port);
+           "; store at ", launch.store_host, ":", launch.store_port, which);
+    if (launch.torch_store && rank_ == 0 && !token.empty())
+      RR_LOG(warn, rank_,
+             "RINGREDUCE_TOKEN is set, but the store is torchrun's agent store (torch's TCPStore), "
+             "which authenticates no one: the data connections prove the token, the store "
+             "connections cannot (set RINGREDUCE_ADDR to a port of its own for a ringreduce "
+             "store that does)");
   }
   stall_store_ = stall_store;
   store_host_ = store_host;

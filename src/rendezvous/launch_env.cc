@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "rendezvous/tcp_store.h"
+#include "rendezvous/torch_store.h"
 #include "ringreduce/error.h"
 
 namespace ringreduce::rendezvous {
@@ -178,6 +179,9 @@ void read_store_address(const core::Config& config, LaunchInfo* info) {
     throw InvalidArgument("MASTER_ADDR='" + *master_addr + "' is not a host name or address");
   info->store_host = host;
   info->store_port = parse_int("MASTER_PORT", "", *master_port, 1, 65535, "port");
+  // torchrun's agent hosts torch's TCPStore there (its own rendezvous and torch's
+  // init_process_group use it); torch itself tests for exactly "True".
+  info->torch_store = launcher_var("TORCHELASTIC_USE_AGENT_STORE") == "True";
 }
 
 }  // namespace
@@ -264,17 +268,29 @@ LaunchHints launch_hints(const core::Config& config) noexcept {
     read_store_address(config, &info);
     h.store_host = info.store_host;
     h.store_port = info.store_port;
+    h.torch_store = info.torch_store;
   } catch (...) {
   }
   return h;
+}
+
+std::shared_ptr<Store> connect_store(const std::string& host, int port, bool torch_store,
+                                     std::chrono::milliseconds timeout, const std::string& token) {
+  if (torch_store) return connect_torch_store(host, port, timeout);
+  return connect_tcp_store(host, port, timeout, token);
 }
 
 std::string job_id(const core::Config& config) {
   std::string id = trim(config.str("RINGREDUCE_JOB_ID"));
   if (!id.empty()) return id;
   if (auto run = launcher_var("TORCHELASTIC_RUN_ID");
-      run && !trim(*run).empty() && trim(*run) != "none")
-    return "torchrun-" + trim(*run);
+      run && !trim(*run).empty() && trim(*run) != "none") {
+    // The agent's store outlives a restart of the workers (torchrun --max-restarts), keys and
+    // failure mark included: each attempt gets a namespace of its own, as torch's own
+    // init_process_group does.
+    auto restart = launcher_var("TORCHELASTIC_RESTART_COUNT");
+    return "torchrun-" + trim(*run) + (restart ? "." + trim(*restart) : "");
+  }
   if (auto job = launcher_var("SLURM_JOB_ID")) {
     auto step = launcher_var("SLURM_STEP_ID");
     return "slurm-" + trim(*job) + "." + (step ? trim(*step) : std::string("0"));

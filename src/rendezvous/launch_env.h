@@ -5,13 +5,18 @@
 //   SLURM_PROCID / SLURM_NTASKS                                     (srun)
 //   PMI_RANK / PMI_SIZE                                             (MPICH hydra, PMI)
 // The store address comes from RINGREDUCE_ADDR, else MASTER_ADDR:MASTER_PORT; under mpirun/srun
-// the user exports one of them (README shows how).
+// the user exports one of them (README shows how). Where MASTER_ADDR:MASTER_PORT is torchrun's
+// agent store (TORCHELASTIC_USE_AGENT_STORE=True), the store there is torch's TCPStore, hosted by
+// torchrun's agent: the ranks use it as clients (torch_store.h) and rank 0 hosts none.
 #pragma once
 
+#include <chrono>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "core/config.h"
+#include "ringreduce/store.h"
 
 namespace ringreduce::rendezvous {
 
@@ -20,6 +25,8 @@ struct LaunchInfo {
   int world_size = -1;
   std::string store_host;  // empty if no address was found
   int store_port = -1;
+  // The store at the address is torchrun's agent store (torch's TCPStore), not one to host.
+  bool torch_store = false;
   int local_rank = -1;  // -1 when the launcher does not say
   int local_size = -1;
   std::string launcher;  // "ringreduce", "torchrun", "openmpi", "slurm", "pmi", "options"
@@ -37,13 +44,19 @@ struct LaunchHints {
   std::optional<std::string> rank;
   std::string store_host;
   int store_port = -1;
+  bool torch_store = false;
 };
 LaunchHints launch_hints(const core::Config& config) noexcept;
 
+// A client of the store at host:port: torch's TCPStore protocol where torch_store (the token
+// cannot apply: torch's store authenticates no one), else ringreduce's.
+std::shared_ptr<Store> connect_store(const std::string& host, int port, bool torch_store,
+                                     std::chrono::milliseconds timeout, const std::string& token);
+
 // The job's own namespace in the store: RINGREDUCE_JOB_ID, else the launcher's job id
-// (torchrun's TORCHELASTIC_RUN_ID, Slurm's SLURM_JOB_ID.SLURM_STEP_ID, Open MPI's
-// OMPI_MCA_ess_base_jobid), else "" (none: a store reused by two jobs is then refused at their
-// claims, rendezvous/join.h).
+// (torchrun's TORCHELASTIC_RUN_ID and TORCHELASTIC_RESTART_COUNT, Slurm's
+// SLURM_JOB_ID.SLURM_STEP_ID, Open MPI's OMPI_MCA_ess_base_jobid), else "" (none: a store reused by
+// two jobs is then refused at their claims, rendezvous/join.h).
 std::string job_id(const core::Config& config);
 
 }  // namespace ringreduce::rendezvous

@@ -7,6 +7,9 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
+
+#include "core/fd.h"
 
 namespace ringreduce::rendezvous {
 
@@ -41,6 +44,25 @@ std::string join_host_port(const std::string& host, int port) {
   // An IPv6 literal needs brackets, or its colons would run into the port's.
   if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
   return host + ":" + std::to_string(port);
+}
+
+std::string connect_before(int fd, const addrinfo* ai, const core::Deadline& deadline) {
+  if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) return "";
+  // EINTR leaves a non-blocking connect running, just like EINPROGRESS.
+  if (errno != EINPROGRESS && errno != EINTR) return core::errno_text();
+  // Bounded: poll waits at most until the deadline; EINTR re-polls what is left of it.
+  for (;;) {
+    pollfd p{fd, POLLOUT, 0};
+    int rc = ::poll(&p, 1, deadline.remaining_ms());
+    if (rc > 0) break;
+    if (rc == 0 || deadline.expired()) return "connect timed out";
+    if (errno != EINTR) return std::string("poll: ") + core::errno_text();
+  }
+  // Writable means the connect finished; SO_ERROR says whether it succeeded.
+  int err = 0;
+  socklen_t len = sizeof(err);
+  if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) return core::errno_text();
+  return err == 0 ? "" : std::strerror(err);
 }
 
 void set_nodelay(int fd) {

@@ -27,6 +27,10 @@ AddrInfoList resolve_tcp(const std::string& host, int port, bool passive, std::s
 std::string describe_address(const sockaddr* addr, socklen_t len);
 std::string join_host_port(const std::string& host, int port);
 
+// connect() on a non-blocking socket, waiting no later than deadline for it to finish. Returns ""
+// once connected, else the reason ("Connection refused", "connect timed out", ...).
+std::string connect_before(int fd, const addrinfo* ai, const core::Deadline& deadline);
+
 // Best effort: a store exchange is a few small messages, so Nagle would only add latency.
 void set_nodelay(int fd);
 

@@ -333,7 +333,7 @@ class TcpStoreClient : public Store {
         continue;
       }
       Deadline attempt = deadline.earliest(Deadline::after(kConnectAttemptMax));
-      std::string why = connect_socket(fd.get(), ai, attempt);
+      std::string why = connect_before(fd.get(), ai, attempt);
       if (why.empty()) why = hello(fd.get(), attempt);
       if (why.empty()) {
         set_nodelay(fd.get());
@@ -343,26 +343,6 @@ class TcpStoreClient : public Store {
       if (deadline.expired()) break;
     }
     throw Retryable{reasons};
-  }
-
-  // Returns "" once connected, else the reason.
-  static std::string connect_socket(int fd, const addrinfo* ai, const Deadline& deadline) {
-    if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) return "";
-    // EINTR leaves a non-blocking connect running, just like EINPROGRESS.
-    if (errno != EINPROGRESS && errno != EINTR) return errno_text();
-    // Bounded: poll waits at most until the deadline; EINTR re-polls what is left of it.
-    for (;;) {
-      pollfd p{fd, POLLOUT, 0};
-      int rc = ::poll(&p, 1, deadline.remaining_ms());
-      if (rc > 0) break;
-      if (rc == 0 || deadline.expired()) return "connect timed out";
-      if (errno != EINTR) return std::string("poll: ") + errno_text();
-    }
-    // Writable means the connect finished; SO_ERROR says whether it succeeded.
-    int err = 0;
-    socklen_t len = sizeof(err);
-    if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) return errno_text();
-    return err == 0 ? "" : std::strerror(err);
   }
 
   // The hello exchange (and with a token, the proofs both ways); returns "" when the server
