@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <utility>
 
 #include "ringreduce/error.h"
 #include "ringreduce/version.h"
@@ -186,7 +187,8 @@ uint64_t Timeline::op_end() {
     complete("phase", phase_, phase_begin_us_, now_us(), "\"seq\":" + std::to_string(op_seq_));
     phase_ = nullptr;
   }
-  return op_seq_;
+  // Waits between ops (point-to-point ones, driven with no collective running) carry seq 0.
+  return std::exchange(op_seq_, 0);
 }
 
 void Timeline::wait(double begin_us, double end_us, int peer, bool slept) {

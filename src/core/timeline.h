@@ -70,7 +70,7 @@ class Timeline {
   }
   // Ends the running phase (if any) now and begins `name` (a string literal).
   void phase(const char* name);
-  // Ends the running phase; returns the op's sequence number.
+  // Ends the running phase; returns the op's sequence number (later waits carry 0).
   uint64_t op_end();
   // The engine found nothing to do from begin_us to end_us, waiting for `peer` (-1: unknown);
   // slept: it slept in epoll_wait at least once.
