@@ -83,6 +83,8 @@ class RingreduceGroup : public Base {
       // Small: run it here and now. Handing it to the progress thread costs two thread
       // switches, more than the op itself (a 4-byte allreduce on shared memory takes
       // microseconds); what overlap could hide is as small. The Work is complete on return.
+      // The Work first: its profiler record (torch.profiler) spans the call.
+      auto w = work(c10d::OpType::ALLREDUCE, {user}, staging.after());
       std::exception_ptr error;
       try {
         // Ctrl-C aborts it; Python raises KeyboardInterrupt as soon as it runs again.
@@ -91,7 +93,7 @@ class RingreduceGroup : public Base {
       } catch (...) {
         error = std::current_exception();
       }
-      return WorkRR::done(work(c10d::OpType::ALLREDUCE, {user}, staging.after()), error);
+      return WorkRR::done(std::move(w), error);
     }
     return launch(
         c10d::OpType::ALLREDUCE, {user},

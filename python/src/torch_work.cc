@@ -11,9 +11,57 @@ namespace ringreduce::torch_backend {
 
 thread_local bool t_completing = false;
 
+namespace {
+
+// What torch.profiler shows for a call, as gloo's "gloo:all_reduce": torch's Work starts an async
+// RecordFunction under this name when the profiler is on (a test of a flag when off) and ends it
+// in finish(). String literals: the RecordFunction keeps the pointer.
+const char* profiling_title(c10d::OpType type) {
+  switch (type) {
+    case c10d::OpType::BROADCAST:
+      return "ringreduce:broadcast";
+    case c10d::OpType::ALLREDUCE:
+      return "ringreduce:all_reduce";
+    case c10d::OpType::ALLREDUCE_COALESCED:
+      return "ringreduce:all_reduce_coalesced";
+    case c10d::OpType::REDUCE:
+      return "ringreduce:reduce";
+    case c10d::OpType::ALLGATHER:
+      return "ringreduce:all_gather";
+    case c10d::OpType::_ALLGATHER_BASE:
+      return "ringreduce:_allgather_base";
+    case c10d::OpType::ALLGATHER_COALESCED:
+      return "ringreduce:all_gather_coalesced";
+    case c10d::OpType::GATHER:
+      return "ringreduce:gather";
+    case c10d::OpType::SCATTER:
+      return "ringreduce:scatter";
+    case c10d::OpType::REDUCE_SCATTER:
+      return "ringreduce:reduce_scatter";
+    case c10d::OpType::_REDUCE_SCATTER_BASE:
+      return "ringreduce:_reduce_scatter_base";
+    case c10d::OpType::ALLTOALL_BASE:
+      return "ringreduce:all_to_all_base";
+    case c10d::OpType::ALLTOALL:
+      return "ringreduce:all_to_all";
+    case c10d::OpType::SEND:
+      return "ringreduce:send";
+    case c10d::OpType::RECV:
+      return "ringreduce:recv";
+    case c10d::OpType::RECVANYSOURCE:
+      return "ringreduce:recv_any_source";
+    case c10d::OpType::BARRIER:
+      return "ringreduce:barrier";
+    default:
+      return "ringreduce:op";
+  }
+}
+
+}  // namespace
+
 WorkRR::WorkRR(int rank, c10d::OpType type, std::vector<at::Tensor> outputs,
                std::function<void()> after, rr::Communicator* comm)
-    : Work(rank, type),
+    : Work(rank, type, profiling_title(type), outputs),
       outputs_(std::move(outputs)),
       after_(std::move(after)),
       comm_(comm),

@@ -14,6 +14,7 @@
 #include "algorithms/collectives.h"
 #include "algorithms/cost.h"
 #include "core/deadline.h"
+#include "core/timeline.h"
 #include "ringreduce/types.h"
 #include "transport/link.h"
 
@@ -62,9 +63,16 @@ struct Context {
   // Ranks per host when every host has as many (the ring then holds host h at positions
   // h*host_size ..), else 0.
   int host_size = 0;
+  // RINGREDUCE_TIMELINE's recorder (null: off).
+  core::Timeline* timeline = nullptr;
 
   transport::Link& link(int peer, int channel = 0) { return transport.link(peer, channel); }
   void wait(transport::Completion& c) { transport.wait(c, deadline); }
+  // Marks the start of a part of the algorithm (it lasts until the next mark or the op's end)
+  // for the timeline: "reduce-scatter", "allgather". A string literal; costs a test when off.
+  void phase(const char* name) {
+    if (timeline) timeline->phase(name);
+  }
   // This rank's position in the ring, the position of rank r, and the rank at position p.
   int pos() const { return pos_of(rank); }
   int pos_of(int r) const { return ring_pos ? ring_pos[r] : r; }

@@ -52,21 +52,22 @@ void hierarchical_allreduce(Context& ctx, const Args& a) {
         split(part.count, static_cast<size_t>(L), static_cast<size_t>(owned_chunk(local, L)));
     return Range{part.offset + c.offset, c.count};
   };
-  auto phase = [&](auto&& post) {
+  auto phase = [&](const char* name, auto&& post) {
+    ctx.phase(name);
     transport::Completion done;
     for (int ch = 0; ch < ctx.channels; ++ch)
       post(ch, split(a.count, static_cast<size_t>(ctx.channels), static_cast<size_t>(ch)), &done);
     ctx.wait(done);
   };
-  phase([&](int ch, const Range& part, transport::Completion* done) {
+  phase("reduce-scatter (host)", [&](int ch, const Range& part, transport::Completion* done) {
     post_ring_allreduce(local_ring(ch), in, out, part, elem, ctx.segment_bytes, ctx.sliced, none,
                         none, RingPhases::reduce_scatter, done);
   });
-  phase([&](int ch, const Range& part, transport::Completion* done) {
+  phase("allreduce (across hosts)", [&](int ch, const Range& part, transport::Completion* done) {
     post_ring_allreduce(cross_ring(ch), out, out, owned(part), elem, ctx.segment_bytes, ctx.sliced,
                         none, total, RingPhases::both, done);
   });
-  phase([&](int ch, const Range& part, transport::Completion* done) {
+  phase("allgather (host)", [&](int ch, const Range& part, transport::Completion* done) {
     post_ring_allreduce(local_ring(ch), out, out, part, elem, ctx.segment_bytes, ctx.sliced, none,
                         none, RingPhases::allgather, done);
   });

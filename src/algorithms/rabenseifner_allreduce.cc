@@ -59,6 +59,7 @@ void rabenseifner_allreduce(Context& ctx, const Args& a) {
   const char* cur = in;
   int v;
   if (r < 2 * rem) {
+    ctx.phase("fold");
     transport::Completion done;
     if (r % 2 == 0) {
       send(r + 1, in, 0, a.count, &done);
@@ -78,6 +79,7 @@ void rabenseifner_allreduce(Context& ctx, const Args& a) {
   if (v >= 0) {
     // Reduce-scatter by recursive halving: [lo, hi) are the blocks this rank still reduces.
     int lo = 0, hi = pof2;
+    ctx.phase("reduce-scatter");
     for (int m = pof2 / 2; m >= 1; m /= 2) {
       const int peer = real(v ^ m);
       const int mid = lo + m;
@@ -98,6 +100,7 @@ void rabenseifner_allreduce(Context& ctx, const Args& a) {
       lo = keep_lo, hi = keep_hi;
     }
     // Allgather by recursive doubling: this rank's reduced range [lo, hi) doubles each step.
+    ctx.phase("allgather");
     for (int m = 1; m < pof2; m *= 2) {
       const int peer = real(v ^ m);
       const bool upper = (v & m) != 0;
@@ -115,6 +118,7 @@ void rabenseifner_allreduce(Context& ctx, const Args& a) {
 
   // Unfold: odd ranks return the result to the even rank they absorbed.
   if (r < 2 * rem) {
+    ctx.phase("unfold");
     transport::Completion done;
     if (r % 2 == 1) {
       send(r - 1, out, 0, a.count, &done);

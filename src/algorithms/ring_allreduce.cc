@@ -35,14 +35,19 @@ void ring_allreduce(Context& ctx, const Args& a) {
   // avg: sum along the ring, divide once on the step that completes each chunk.
   transport::Reduction last{a.dtype, a.op, a.op == ReduceOp::avg ? static_cast<uint64_t>(n) : 1};
 
-  transport::Completion done;
+  // The halves are fused (a chunk completed by the reduce-scatter leaves at once as the first
+  // allgather step), but counted apart: the reduce-scatter is over when `scattered` is done.
+  ctx.phase("reduce-scatter");
+  transport::Completion scattered, gathered;
   for (int ch = 0; ch < ctx.channels; ++ch) {
     const Range part = split(a.count, static_cast<size_t>(ctx.channels), static_cast<size_t>(ch));
     const RingView ring{n, r, &ctx.link(ctx.left(), ch), &ctx.link(ctx.right(), ch)};
     post_ring_allreduce(ring, in, out, part, elem, ctx.segment_bytes, ctx.sliced, step, last,
-                        RingPhases::both, &done);
+                        RingPhases::both, &scattered, &gathered);
   }
-  ctx.wait(done);
+  ctx.wait(scattered);
+  ctx.phase("allgather");
+  ctx.wait(gathered);
 }
 
 }  // namespace ringreduce::algorithms

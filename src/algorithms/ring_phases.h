@@ -152,11 +152,14 @@ enum class RingPhases { reduce_scatter, allgather, both };
 //     (other chunks of out hold partial sums or nothing);
 //   allgather: every rank sends its owned chunk from out and receives the others into out;
 //   both: the allreduce, its halves fused (the completed chunk leaves at once).
-// `last` is the reduction of the step that completes a chunk (it divides for avg).
+// `last` is the reduction of the step that completes a chunk (it divides for avg). With `both`,
+// `gathered` (when given) counts the allgather's primitives instead of `done`: waiting for `done`
+// and then for `gathered` tells the two halves apart on the timeline, the schedule unchanged.
 inline void post_ring_allreduce(const RingView& v, const char* in, char* out, const Range& part,
                                 size_t elem, size_t segment_bytes, bool sliced,
                                 const transport::Reduction& step, const transport::Reduction& last,
-                                RingPhases phases, transport::Completion* done) {
+                                RingPhases phases, transport::Completion* done,
+                                transport::Completion* gathered = nullptr) {
   const int n = v.n, r = v.pos;
   transport::Link& right = *v.right;
   transport::Link& left = *v.left;
@@ -195,7 +198,8 @@ inline void post_ring_allreduce(const RingView& v, const char* in, char* out, co
         }
       });
     } else {
-      post_ring_gather_step(left, right, cuts, r, n, 0, step_index - n, s, out, done);
+      post_ring_gather_step(left, right, cuts, r, n, 0, step_index - n, s, out,
+                            gathered ? gathered : done);
     }
   });
 }

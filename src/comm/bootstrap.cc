@@ -199,6 +199,15 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
     core::LogLevel level;
     if (core::parse_log_level(it->second, &level)) core::set_log_level(level);
   }
+  if (auto it = options.settings.find("RINGREDUCE_DEBUG_SUBSYS"); it != options.settings.end()) {
+    uint32_t mask = 0;
+    std::string why;
+    if (!core::parse_log_subsys(it->second, &mask, &why))
+      throw InvalidArgument("RINGREDUCE_DEBUG_SUBSYS='" + it->second + "': " + why);
+    core::set_log_subsys_mask(mask);
+  }
+  if (auto it = options.settings.find("RINGREDUCE_DEBUG_FILE"); it != options.settings.end())
+    core::set_log_file(core::expand_log_path(it->second, core::host_name(), getpid()));
   const double timeout_s = config_.number("RINGREDUCE_TIMEOUT");
   if (!(timeout_s > 0)) throw InvalidArgument("RINGREDUCE_TIMEOUT must be > 0 seconds");
   timeout_ = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
@@ -289,10 +298,10 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
       which = rendezvous::torch_store_dialect(*tcp) == rendezvous::TorchStoreDialect::v1
                   ? " (torchrun's agent store: torch's TCPStore, torch 1 protocol)"
                   : " (torchrun's agent store: torch's TCPStore, torch 2 protocol)";
-    RR_LOG(info, rank_, "launched by ", launch.launcher, " as rank ", rank_, " of ", size_,
+    RR_LOG(info, init, rank_, "launched by ", launch.launcher, " as rank ", rank_, " of ", size_,
            "; store at ", launch.store_host, ":", launch.store_port, which);
     if (launch.torch_store && rank_ == 0 && !token.empty())
-      RR_LOG(warn, rank_,
+      RR_LOG(warn, init, rank_,
              "RINGREDUCE_TOKEN is set, but the store is torchrun's agent store (torch's TCPStore), "
              "which authenticates no one: the data connections prove the token, the store "
              "connections cannot (set RINGREDUCE_ADDR to a port of its own for a ringreduce "
@@ -300,14 +309,18 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
   }
   stall_store_ = stall_store;
   store_host_ = store_host;
-  if (rank_ == 0) RR_LOG(info, rank_, "ringreduce ", RINGREDUCE_VERSION_STRING);
+  if (rank_ == 0) RR_LOG(info, init, rank_, "ringreduce ", RINGREDUCE_VERSION_STRING);
+  // Every rank, not only rank 0: environments differ by host (and by rank, under a wrapper
+  // script), and a typo on one host must not go unseen. Once per process.
+  core::warn_unknown_variables(rank_);
+  open_timeline();
   if (rank_ == 0)
-    RR_LOG(info, rank_,
+    RR_LOG(info, init, rank_,
            config_.has("RINGREDUCE_TOKEN")
                ? "RINGREDUCE_TOKEN is set: store and data connections prove they hold it"
                : "RINGREDUCE_TOKEN is not set: connections are not authenticated");
-  if (core::log_enabled(core::LogLevel::info) && rank_ == 0)
-    RR_LOG(info, rank_, "settings:\n", config_.dump());
+  if (core::log_enabled(core::LogLevel::info, core::LogSubsys::env) && rank_ == 0)
+    RR_LOG(info, env, rank_, "settings:\n", config_.dump());
 
   // Start-up waits in the store watch the job's failure mark: a rank that fails at start-up
   // fails the others within ~100 ms (rendezvous/join.h).
@@ -431,7 +444,15 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
                               transport_->interrupt(reason, static_cast<int>(ErrorCode::mismatch));
                             }},
         crowding);
-  RR_LOG(info, rank_, "communicator ready: ", size_, " ranks over ", transport_->kinds_text(),
+  if (timeline_) {
+    // Start-up from the timeline's opening (the join, the links, the probes); the engine records
+    // waits from here on, so that the probes' do not bury the first op.
+    timeline_->complete(
+        "init", "start-up", timeline_opened_us_, core::Timeline::now_us(),
+        "\"size\":" + std::to_string(size_) + ",\"links\":\"" + transport_->kinds_text() + "\"");
+    transport_->set_timeline(timeline_.get());
+  }
+  RR_LOG(info, init, rank_, "communicator ready: ", size_, " ranks over ", transport_->kinds_text(),
          "; start-up ", ms_since(t_begin), " ms: join ",
          std::chrono::duration_cast<std::chrono::milliseconds>(t_joined - t_begin).count(),
          ", links ",

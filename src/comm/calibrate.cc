@@ -182,7 +182,7 @@ void CommImpl::probe_network(const std::vector<std::string>& hosts,
   costs.link = {alpha, 1.0 / bandwidth, /*overlap=*/true};
   if (gamma > 0) costs.gamma = gamma;
   tuner_->set_costs(costs);
-  RR_LOG(info, rank_, "network between hosts (rank 0 <-> rank ", partner, "): latency ",
+  RR_LOG(info, tune, rank_, "network between hosts (rank 0 <-> rank ", partner, "): latency ",
          alpha * 1e6, " us, ", bandwidth / 1e9, " GB/s");
 }
 
@@ -377,7 +377,7 @@ void CommImpl::probe_links(const core::Deadline& deadline) {
   costs.pi = v[4];
   tuner_->set_costs(costs);
   cost_kind_ = transport_->traits().name;
-  RR_LOG(info, rank_, "links (", cost_kind_, ", ",
+  RR_LOG(info, tune, rank_, "links (", cost_kind_, ", ",
          from_file ? "from RINGREDUCE_TUNING_FILE"
          : crowded ? "measured; beta the default, as ranks crowd the cores"
                    : "measured",

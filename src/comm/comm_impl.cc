@@ -415,6 +415,8 @@ std::exception_ptr CommImpl::execute(OpState& op) {
     // Built only when needed: a small allreduce must not pay for formatting its description.
     auto prefix = [&] { return "rank " + std::to_string(rank_) + ": " + describe(op.tag) + ": "; };
     if (stall_) stall_->op_started(op.tag);
+    const double traced_since = timeline_ ? core::Timeline::now_us() : 0;
+    if (timeline_) timeline_->op_begin(op.tag.seq);
     try {
       // Device memory: the stream must have copied the input to host memory first.
       if (op.stage) op.stage->wait_input(core::Deadline::after(op.timeout));
@@ -442,13 +444,14 @@ std::exception_ptr CommImpl::execute(OpState& op) {
                               [this](size_t bytes) { return scratch(bytes); },
                               ring_.data(),
                               ring_pos_.data(),
-                              host_size_};
-      if (core::log_enabled(core::LogLevel::trace)) {
+                              host_size_,
+                              timeline_.get()};
+      if (core::log_enabled(core::LogLevel::trace, core::LogSubsys::coll)) {
         const auto started = core::Clock::now();
-        RR_LOG(trace, rank_, describe(op.tag), ": ", op.plan.algorithm->name, ", segments of ",
-               op.plan.segment_bytes, " B, ", op.plan.channels, " channel(s)");
+        RR_LOG(trace, coll, rank_, describe(op.tag), ": ", op.plan.algorithm->name,
+               ", segments of ", op.plan.segment_bytes, " B, ", op.plan.channels, " channel(s)");
         op.plan.algorithm->run(ctx, args);
-        RR_LOG(trace, rank_, describe(op.tag), ": done in ",
+        RR_LOG(trace, coll, rank_, describe(op.tag), ": done in ",
                static_cast<int64_t>(core::seconds_since(started) * 1e6), " us");
       } else {
         op.plan.algorithm->run(ctx, args);
@@ -475,6 +478,7 @@ std::exception_ptr CommImpl::execute(OpState& op) {
       error = std::make_exception_ptr(Error(prefix() + e.what()));
     }
     if (stall_) stall_->op_ended();
+    if (timeline_) trace_op(op, traced_since, error != nullptr);
     if (error) error = fail_communicator(error, prefix);
   }
   return error;
@@ -511,7 +515,8 @@ std::exception_ptr CommImpl::fail_communicator(std::exception_ptr error,
       }
     }
   }
-  RR_LOG(warn, rank_, what);
+  RR_LOG(warn, coll, rank_, what);
+  if (timeline_) timeline_->flush();  // the events up to the failure, should the process die
   transport_->abort(code, blamed, what);
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -610,6 +615,7 @@ void CommImpl::abort(const std::string& reason) {
   done_cv_.notify_all();
   lk.unlock();
   for (auto& op : failed) fire_callback(*op);
+  if (timeline_) timeline_->flush();  // the events up to the abort, should the process die
 }
 
 void* CommImpl::scratch(size_t bytes) {

@@ -63,6 +63,8 @@ struct OpState {
   // A call on device memory: its host staging and stream (device.h); released when the op
   // completes, before its callback.
   std::shared_ptr<DeviceStage> stage;
+  // RINGREDUCE_TIMELINE: when a point-to-point op was submitted (0: not traced).
+  double traced_since_us = 0;
 };
 
 // The settings every rank of a communicator must agree on, as "NAME=value" lines (the join's
@@ -194,6 +196,11 @@ class CommImpl {
                        const core::Deadline& deadline);
   // The costs RINGREDUCE_TUNING_FILE gives for this communicator's link kind and size, if any.
   std::optional<tuner::Costs> tuning_file_costs(const std::string& kind) const;
+  // RINGREDUCE_TIMELINE (trace.cc): opens this rank's file once the rank is known; records a
+  // collective that began at begin_us, and a point-to-point op as it completes.
+  void open_timeline();
+  void trace_op(const OpState& op, double begin_us, bool failed);
+  void trace_p2p(const OpState& op, bool failed);
 
   std::map<std::string, std::string> overrides_;  // the Options as settings (config_'s source)
   core::Config config_;
@@ -211,6 +218,9 @@ class CommImpl {
   int local_size_ = -1;
   long cores_ = 1;       // this host's online cores (start-up's idle policy, stall monitor, probe)
   uint64_t splits_ = 0;  // split() calls so far: the same on every rank
+  // Before transport_, which records its waits into it: destroyed after it, closing the file.
+  std::unique_ptr<core::Timeline> timeline_;
+  double timeline_opened_us_ = 0;
   std::unique_ptr<transport::Engine> transport_;
   std::unique_ptr<tuner::Tuner> tuner_;
   std::unique_ptr<char[]> scratch_;

@@ -47,6 +47,7 @@ std::shared_ptr<OpState> CommImpl::submit_p2p(const P2pArgs& a, const CallOption
   if (a.peer == rank_) return bad("a rank cannot send to or receive from itself");
   if (r.bytes > 0 && a.buf == nullptr) return bad("the buffer is null");
   r.deadline = core::Deadline::after(op->timeout);
+  if (timeline_) op->traced_since_us = core::Timeline::now_us();
   algorithms::Args as_args;  // the buffer, as DeviceStage sees a call's
   if (a.send)
     as_args.send = a.buf;
@@ -149,6 +150,7 @@ void CommImpl::p2p_done(transport::P2pRequest* r, std::exception_ptr error) {
     } catch (...) {
     }
   }
+  if (self->timeline_ && op->traced_since_us > 0) self->trace_p2p(*op, error != nullptr);
   std::shared_ptr<OpState> keep;  // op lives until its callback has run
   {
     std::lock_guard<std::mutex> lk(self->mu_);

@@ -129,7 +129,7 @@ Store* StallMonitor::store() {
       store_ = hooks_.store();
     } catch (const std::exception& e) {
       store_failed_ = true;
-      RR_LOG(warn, rank_, "stall reports are unavailable: ", e.what());
+      RR_LOG(warn, stall, rank_, "stall reports are unavailable: ", e.what());
       return nullptr;
     }
   }
@@ -151,7 +151,7 @@ void StallMonitor::publish(const transport::OpTag& tag) {
     }
   } catch (const std::exception& e) {
     store_failed_ = true;
-    RR_LOG(warn, rank_, "stall reports are unavailable: ", e.what());
+    RR_LOG(warn, stall, rank_, "stall reports are unavailable: ", e.what());
   }
 }
 
@@ -204,7 +204,7 @@ bool StallMonitor::compare(const transport::OpTag& mine, bool* compared) {
     return true;
   } catch (const std::exception& e) {
     store_failed_ = true;
-    RR_LOG(warn, rank_, "stall reports are unavailable: ", e.what());
+    RR_LOG(warn, stall, rank_, "stall reports are unavailable: ", e.what());
   }
   return false;
 }
@@ -242,7 +242,7 @@ void StallMonitor::report(const transport::OpTag& tag, const std::string& how) {
       missing = missing_ranks(*s, tag.seq);
     } catch (const std::exception& e) {
       store_failed_ = true;
-      RR_LOG(warn, rank_, "stall reports are unavailable: ", e.what());
+      RR_LOG(warn, stall, rank_, "stall reports are unavailable: ", e.what());
       return;
     }
   }
@@ -254,7 +254,7 @@ void StallMonitor::report(const transport::OpTag& tag, const std::string& how) {
     msg << "every rank has reached it (one of them is stuck inside it)";
   else
     msg << "not known to have reached it: " << missing;
-  RR_LOG(warn, rank_, msg.str());
+  RR_LOG(warn, stall, rank_, msg.str());
 }
 
 }  // namespace ringreduce::detail

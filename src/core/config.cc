@@ -1,9 +1,16 @@
 #include "core/config.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdlib>
+#include <mutex>
 #include <sstream>
 
+#include "core/log.h"
 #include "ringreduce/error.h"
+
+extern char** environ;
 
 namespace ringreduce::core {
 
@@ -19,6 +26,15 @@ const std::vector<SettingInfo>& all_settings() {
        "seconds an op may wait before a warning lists the ranks that have not reached it (again at "
        "the timeout); 0: no stall reports"},
       {"RINGREDUCE_DEBUG", "WARN", "log level: WARN, INFO or TRACE"},
+      {"RINGREDUCE_DEBUG_SUBSYS", "ALL",
+       "subsystems whose INFO/TRACE lines show (warnings always do): init, coll, p2p, net, shm, "
+       "store, tune, stall, env, ALL; ^ before the list excludes (^store,net)"},
+      {"RINGREDUCE_DEBUG_FILE", "",
+       "write log lines to this file instead of stderr (appended); %h: hostname, %p: pid"},
+      {"RINGREDUCE_TIMELINE", "",
+       "write a Chrome/Perfetto trace of every op, its phases and its waits on peers per rank: "
+       "<value>.<rank>.json, or the value with %r (rank), %h (hostname), %p (pid) replaced; merge "
+       "with ringreduce-timeline"},
       {"RINGREDUCE_ALGO", "", "force an algorithm, e.g. ring or allreduce:ring (default: tuner)"},
       {"RINGREDUCE_SEGMENT_BYTES", "", "pipeline segment size (default: chosen by the tuner)"},
       {"RINGREDUCE_CHANNELS", "1", "independent rings over disjoint parts of the buffer"},
@@ -57,6 +73,68 @@ const std::vector<SettingInfo>& all_settings() {
        "torchrun's run id, Slurm's job and step); two jobs on one reused store need two ids"},
   };
   return kSettings;
+}
+
+namespace {
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+bool known_variable(const std::string& name) {
+  for (const auto& s : all_settings())
+    if (name == s.name) return true;
+  for (const char* other : kOtherKnownVariables)
+    if (name == other) return true;
+  return false;
+}
+
+}  // namespace
+
+std::string nearest_setting(const std::string& name) {
+  std::string best;
+  size_t best_d = SIZE_MAX;
+  auto consider = [&](const char* candidate) {
+    const size_t d = edit_distance(name, candidate);
+    if (d < best_d) best_d = d, best = candidate;
+  };
+  for (const auto& s : all_settings()) consider(s.name);
+  for (const char* other : kOtherKnownVariables) consider(other);
+  // Past a third of the name, the nearest is a guess rather than a typo.
+  return best_d <= std::max<size_t>(1, name.size() / 3) ? best : std::string();
+}
+
+std::vector<std::string> unknown_variables(const std::vector<std::string>& environment) {
+  std::vector<std::string> lines;
+  for (const std::string& entry : environment) {
+    const std::string name = entry.substr(0, entry.find('='));
+    if (!name.starts_with("RINGREDUCE_") || known_variable(name)) continue;
+    const std::string near = nearest_setting(name);
+    lines.push_back(name + " is not a ringreduce setting; " +
+                    (near.empty() ? std::string("the settings are listed in README.md")
+                                  : "did you mean " + near + "?"));
+  }
+  return lines;
+}
+
+void warn_unknown_variables(int rank) {
+  static std::once_flag once;
+  std::call_once(once, [rank] {
+    std::vector<std::string> entries;
+    for (char** e = environ; e && *e; ++e) entries.emplace_back(*e);
+    for (const std::string& line : unknown_variables(entries)) RR_LOG(warn, env, rank, line);
+  });
 }
 
 std::optional<std::string> env(const std::string& name) {

@@ -19,6 +19,24 @@ struct SettingInfo {
 // Every setting the library knows, in the order the README documents them.
 const std::vector<SettingInfo>& all_settings();
 
+// RINGREDUCE_* variables that are not settings but are not typos either: ringrun tells each rank
+// its place on the host with the first two (rendezvous/launch_env.cc reads them), and the
+// examples and tests find the build tree by the third.
+inline constexpr const char* kLocalRankVariable = "RINGREDUCE_LOCAL_RANK";
+inline constexpr const char* kLocalSizeVariable = "RINGREDUCE_LOCAL_SIZE";
+inline constexpr const char* kOtherKnownVariables[] = {kLocalRankVariable, kLocalSizeVariable,
+                                                       "RINGREDUCE_BUILD"};
+
+// The known name nearest to `name` (edit distance, at most a third of its length), or "".
+std::string nearest_setting(const std::string& name);
+// One line per RINGREDUCE_* variable of `environment` ("NAME=value" entries) that no setting
+// and no kOtherKnownVariables entry names: "RINGREDUCE_TIMEOT is not a ringreduce setting; did
+// you mean RINGREDUCE_TIMEOUT?".
+std::vector<std::string> unknown_variables(const std::vector<std::string>& environment);
+// Logs unknown_variables() of this process's environment as warnings, once per process (the
+// first communicator calls it; `rank` names it in the lines).
+void warn_unknown_variables(int rank);
+
 // Raw environment access for variables that are not ringreduce settings (the launcher chain:
 // RANK, OMPI_COMM_WORLD_RANK, SLURM_PROCID, ...). The only getenv in the code base.
 std::optional<std::string> env(const std::string& name);

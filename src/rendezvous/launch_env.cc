@@ -238,7 +238,7 @@ LaunchInfo detect_launch(const core::Config& config) {
   } else {
     // ringrun also says how many ranks share this host.
     static constexpr Family kRingrun = {"ringreduce", "RINGREDUCE_RANK", "RINGREDUCE_WORLD_SIZE",
-                                        "RINGREDUCE_LOCAL_RANK", "RINGREDUCE_LOCAL_SIZE"};
+                                        core::kLocalRankVariable, core::kLocalSizeVariable};
     if (!read_local(kRingrun, &info))
       for (const auto& f : kLaunchers)
         if (read_local(f, &info)) break;

@@ -69,7 +69,7 @@ void StoreEngine::on_eof(Conn& c) {
              !(c.state == Conn::State::hello && c.in_avail() == 0)) {
     drop(c, "closed the connection in the middle of a message");
   } else {
-    RR_LOG(trace, -1, where, ": client ", c.peer, " disconnected");
+    RR_LOG(trace, store, -1, where, ": client ", c.peer, " disconnected");
     c.dead = true;
   }
 }
@@ -157,7 +157,7 @@ bool StoreEngine::handle_hello(Conn& c) {
     }
     wire::append_server_hello(&c.out, wire::HelloStatus::ok);
     c.state = Conn::State::ready;
-    RR_LOG(trace, -1, where, ": client ", c.peer, " said hello");
+    RR_LOG(trace, store, -1, where, ": client ", c.peer, " said hello");
     flush(c);
     return !c.dead;
   }
@@ -185,7 +185,7 @@ bool StoreEngine::handle_hello(Conn& c) {
   std::copy(server_proof.begin(), server_proof.end(), challenge + server_nonce.size());
   wire::append_server_hello(&c.out, wire::HelloStatus::ok, challenge, sizeof(challenge));
   c.state = Conn::State::auth;
-  RR_LOG(trace, -1, where, ": client ", c.peer, " said hello; challenge sent");
+  RR_LOG(trace, store, -1, where, ": client ", c.peer, " said hello; challenge sent");
   flush(c);
   return !c.dead;
 }
@@ -206,7 +206,7 @@ bool StoreEngine::handle_proof(Conn& c) {
   }
   c.out.push_back(static_cast<uint8_t>(wire::AuthStatus::ok));
   c.state = Conn::State::ready;
-  RR_LOG(trace, -1, where, ": client ", c.peer, " proved it holds the token");
+  RR_LOG(trace, store, -1, where, ": client ", c.peer, " proved it holds the token");
   flush(c);
   return !c.dead;
 }

@@ -139,7 +139,7 @@ class StoreEngine {
   std::vector<uint8_t> either_value(const std::string& key, const std::string& unless);
   void arm(Clock::time_point t) { next_timer_check = std::min(next_timer_check, t); }
   void warn(const std::string& what) const {
-    if (log_drops_) RR_LOG(warn, -1, where, ": ", what);
+    if (log_drops_) RR_LOG(warn, store, -1, where, ": ", what);
   }
 
   const std::string token_;

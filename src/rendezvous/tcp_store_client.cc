@@ -312,7 +312,8 @@ class TcpStoreClient : public Store {
         throw TimeoutError(name_ + ": could not connect within " +
                            std::to_string(timeout_.count()) + " ms (" + std::to_string(attempt) +
                            " attempts; last: " + last_error + ")");
-      if (attempt == 1) RR_LOG(info, -1, name_, ": not reachable yet (", last_error, "); retrying");
+      if (attempt == 1)
+        RR_LOG(info, store, -1, name_, ": not reachable yet (", last_error, "); retrying");
       std::this_thread::sleep_until(std::min(Clock::now() + backoff, deadline.at()));
       backoff = std::min(backoff * 2, kBackoffMax);
     }

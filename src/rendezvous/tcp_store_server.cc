@@ -157,7 +157,8 @@ TcpStoreServer::Impl::Impl(const std::string& host, int port, const std::string&
   if (::epoll_ctl(epoll_fd.get(), EPOLL_CTL_ADD, wake_fd.get(), &ev) != 0)
     throw Error("TCP store: epoll_ctl: " + errno_text());
 
-  RR_LOG(info, -1, "TCP store listening on ", join_host_port(host.empty() ? "*" : host, bound_port),
+  RR_LOG(info, store, -1, "TCP store listening on ",
+         join_host_port(host.empty() ? "*" : host, bound_port),
          token.empty() ? " (no RINGREDUCE_TOKEN: connections are not authenticated)"
                        : " (clients must prove they hold RINGREDUCE_TOKEN)");
   thread = std::jthread([this] { run(); });
@@ -179,7 +180,7 @@ void TcpStoreServer::Impl::run() {
     int n = ::epoll_wait(epoll_fd.get(), events, kMaxEvents, timeout_ms);
     if (n < 0) {
       if (errno == EINTR) continue;
-      RR_LOG(warn, -1, where, ": epoll_wait failed (", errno_text(), "); the store stops");
+      RR_LOG(warn, store, -1, where, ": epoll_wait failed (", errno_text(), "); the store stops");
       return;
     }
     try {
@@ -207,7 +208,7 @@ void TcpStoreServer::Impl::run() {
     } catch (const std::exception& e) {
       // Per-connection failures are handled where they happen; this is the last line of
       // defence (bad_alloc in a timer pass, ...), and the store is worth keeping alive.
-      RR_LOG(warn, -1, where, ": internal error: ", e.what());
+      RR_LOG(warn, store, -1, where, ": internal error: ", e.what());
     }
     sweep();
   }
@@ -225,7 +226,7 @@ void TcpStoreServer::Impl::accept_all() {
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
         // The pending connection stays in the backlog; stop polling the listener for a while
         // rather than spinning on it until a descriptor is freed.
-        RR_LOG(warn, -1, where, ": accept failed (", errno_text(), "); pausing accepts for ",
+        RR_LOG(warn, store, -1, where, ": accept failed (", errno_text(), "); pausing accepts for ",
                kAcceptPause.count(), " ms");
         epoll_event ev{};
         ev.data.u64 = kListenerId;
@@ -234,7 +235,7 @@ void TcpStoreServer::Impl::accept_all() {
         listener_resume = Clock::now() + kAcceptPause;
         return;
       }
-      RR_LOG(warn, -1, where, ": accept failed: ", errno_text());
+      RR_LOG(warn, store, -1, where, ": accept failed: ", errno_text());
       return;
     }
     core::Fd owned(fd);
@@ -252,7 +253,7 @@ void TcpStoreServer::Impl::accept_all() {
       continue;
     }
     c.events = EPOLLIN;
-    RR_LOG(trace, -1, where, ": client ", c.peer, " connected");
+    RR_LOG(trace, store, -1, where, ": client ", c.peer, " connected");
   }
 }
 

@@ -136,26 +136,84 @@ void Engine::wait_until(FnRef<bool> done, const core::Deadline& deadline) {
 
 void Engine::drive(FnRef<bool> poll, FnRef<bool> moved, FnRef<void> on_timeout,
                    const core::Deadline& deadline) {
+  if (timeline_)
+    drive_loop<true>(poll, moved, on_timeout, deadline);
+  else
+    drive_loop<false>(poll, moved, on_timeout, deadline);
+}
+
+template <bool kTraced>
+void Engine::drive_loop(FnRef<bool> poll, FnRef<bool> moved, FnRef<void> on_timeout,
+                        const core::Deadline& deadline) {
   // Primitives posted since the last pass may have moved eagerly and owe their peers a wake-up,
   // even when the wait is over already.
   for (auto& k : kinds_) k->flush();
   IdlePolicy idle(opts_.oversubscribed, opts_.max_idle_yields, opts_.spin_us);
+  // The timeline's wait: from the first pass that moved nothing to the pass that moves or ends
+  // the wait. Stretches shorter than kMinWaitUs are the ordinary gaps between a ring's messages
+  // and would bury the trace; the peer is asked once, when the stretch reaches that length.
+  constexpr double kMinWaitUs = 5;
+  double idle_since = 0;
+  int peer = -1;
+  bool slept = false, asked = false;
+  auto end_wait = [&] {
+    if constexpr (kTraced) {
+      if (idle_since > 0) {
+        const double now = core::Timeline::now_us();
+        if (now - idle_since >= kMinWaitUs) timeline_->wait(idle_since, now, peer, slept);
+        idle_since = 0;
+        peer = -1;
+        slept = asked = false;
+      }
+    }
+  };
   for (;;) {
     check_interrupt();
-    if (poll()) return;
+    if (poll()) {
+      end_wait();
+      return;
+    }
     const bool any = moved();
+    if constexpr (kTraced) {
+      if (any) {
+        end_wait();
+      } else if (idle_since == 0) {
+        idle_since = core::Timeline::now_us();
+      } else if (!asked && core::Timeline::now_us() - idle_since >= kMinWaitUs) {
+        peer = waited_peer();
+        asked = true;
+      }
+    }
     throw_if_notice();
     // Checked on every pass, not only after a sleep: a link that keeps reporting events without
     // progress must not extend the wait past its deadline.
-    if (deadline.expired()) on_timeout();
+    if (deadline.expired()) {
+      end_wait();
+      on_timeout();
+    }
     if (!idle.should_sleep(any)) continue;
     // Nothing moves: if a peer is in another call (whatever algorithm it runs), say so now.
     for (auto& k : kinds_) k->check_idle();
     // Before sleeping, forwards that wait for room stage their data instead, which is what
     // guarantees progress whatever order the algorithm posted in (ShmLink).
     auto recheck = [&] { return poll_all(/*stage=*/true) || poll(); };
+    if constexpr (kTraced) {
+      if (!asked) peer = waited_peer(), asked = true;
+      slept = true;
+    }
     sleep(deadline, recheck);
   }
+}
+
+int Engine::waited_peer() {
+  int q = -1;
+  bool sending = false;
+  for (auto& k : kinds_) {
+    bool s = false;
+    const int t = k->stuck_peer(&s);
+    if (t >= 0 && (q < 0 || (sending && !s))) q = t, sending = s;
+  }
+  return q;
 }
 
 void Engine::sleep(const core::Deadline& deadline, FnRef<bool> recheck) {

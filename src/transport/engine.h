@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/fd.h"
+#include "core/timeline.h"
 #include "transport/kind.h"
 #include "transport/link.h"
 #include "transport/p2p.h"
@@ -74,8 +75,16 @@ class Engine final : public Transport, public Driver {
   // Thread-safe: rouses a wait that sleeps (only then: a busy one looks at its work anyway), so
   // that it sees what another thread has handed it (a point-to-point request, a queued op).
   void wake();
+  // RINGREDUCE_TIMELINE: record every stretch in which nothing moved as a wait (null: off).
+  void set_timeline(core::Timeline* timeline) { timeline_ = timeline; }
 
  private:
+  // drive(), with the timeline's bookkeeping compiled in or out: off, a wait costs one test.
+  template <bool kTraced>
+  void drive_loop(FnRef<bool> poll, FnRef<bool> moved, FnRef<void> on_timeout,
+                  const core::Deadline& deadline);
+  // The peer a pending receive waits for, else one that has not taken our data; -1: none known.
+  int waited_peer();
   void check_interrupt();
   void throw_if_notice();
   // Sleeps on every kind's events unless recheck(), run once every sleep flag is up, finds work.
@@ -96,6 +105,7 @@ class Engine final : public Transport, public Driver {
   // Last: destroyed first, while the links its completions sit in still exist.
   std::unique_ptr<P2p> p2p_;
   uint64_t lane_events_seen_ = 0;  // the kinds' lane_events() summed, at the last pass
+  core::Timeline* timeline_ = nullptr;
 };
 
 }  // namespace ringreduce::transport

@@ -412,7 +412,7 @@ bool ShmKind::accept_peer(core::Fd& s, const core::auth::Nonce& nonce, int* expe
       return true;
     }
   }
-  RR_LOG(warn, rank, "dropped a shared-memory connection during start-up: ", why);
+  RR_LOG(warn, shm, rank, "dropped a shared-memory connection during start-up: ", why);
   *last_drop = why;
   s.reset();
   return true;
@@ -687,7 +687,7 @@ void ShmKind::make_links() {
   // Every rank of the host decides alike: from the first rank's table, or in the mesh from every
   // peer's segment header.
   asymmetric_fence_ = mine_.header()->membarrier_ok != 0 && membarrier_all_;
-  RR_LOG(info, rank, "connected to ", local_ranks_.size() - 1,
+  RR_LOG(info, shm, rank, "connected to ", local_ranks_.size() - 1,
          " same-host peers over shared memory",
          through_first_ ? " (through the host's first rank)" : " (every pair connected)",
          asymmetric_fence_ ? "" : " (no membarrier: every wake-up check fences)");

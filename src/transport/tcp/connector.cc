@@ -281,7 +281,7 @@ void Connector::hand_over(Iter it, int peer, int index) {
 
 void Connector::drop(Iter it, const std::string& why, bool quiet) {
   if (!quiet) {
-    RR_LOG(warn, expect_.rank, "dropped a data connection: ", why);
+    RR_LOG(warn, net, expect_.rank, "dropped a data connection: ", why);
     last_drop_ = why;
   }
   forget(it);

@@ -55,7 +55,7 @@ TcpKind::TcpKind(TcpOptions opts, const core::Config& config) : opts_(std::move(
       [this](int peer, int index, core::Fd fd) { attach(peer, index, std::move(fd)); });
   size_t n = 0;
   for (bool c : connect_) n += c ? 1 : 0;
-  RR_LOG(info, opts_.rank, n, " peers over TCP, connected on first use, ", opts_.channels,
+  RR_LOG(info, net, opts_.rank, n, " peers over TCP, connected on first use, ", opts_.channels,
          " channel(s) x ", opts_.nsocks, " socket(s)");
 }
 
@@ -153,7 +153,7 @@ Link& TcpKind::lane(int peer) {
 void TcpKind::attach(int peer, int index, core::Fd fd) {
   if (!tune_data_socket(fd.get(), opts_.socket_buffer, opts_.congestion) && !congestion_warned_) {
     congestion_warned_ = true;
-    RR_LOG(info, opts_.rank, "TCP congestion control '", opts_.congestion,
+    RR_LOG(info, net, opts_.rank, "TCP congestion control '", opts_.congestion,
            "' is not available here; data sockets keep the system's default");
   }
   TcpLink& l = wire(peer, index);
