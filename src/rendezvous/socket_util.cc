@@ -8,8 +8,11 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "core/fd.h"
+#include "core/log.h"
+#include "ringreduce/error.h"
 
 namespace ringreduce::rendezvous {
 
@@ -123,6 +126,30 @@ IoResult recv_exact(int fd, void* data, size_t len, const core::Deadline& deadli
     if (w != IoResult::ok) return w;
   }
   return IoResult::ok;
+}
+
+core::Fd connect_with_retry(const std::string& name, std::chrono::milliseconds timeout,
+                            const core::Deadline& deadline,
+                            const std::function<core::Fd(const core::Deadline&)>& connect_once) {
+  constexpr std::chrono::milliseconds kBackoffFirst(10), kBackoffMax(500);
+  std::chrono::milliseconds backoff = kBackoffFirst;
+  std::string last_error = "no attempt was made";
+  // Bounded by the deadline: every pass returns, throws, or sleeps toward it.
+  for (int attempt = 1;; ++attempt) {
+    try {
+      return connect_once(deadline);
+    } catch (const Retryable& r) {
+      last_error = r.reason;
+    }
+    if (deadline.expired())
+      throw TimeoutError(name + ": could not connect within " + std::to_string(timeout.count()) +
+                         " ms (" + std::to_string(attempt) + " attempts; last: " + last_error +
+                         ")");
+    if (attempt == 1)
+      RR_LOG(info, store, -1, name, ": not reachable yet (", last_error, "); retrying");
+    std::this_thread::sleep_until(std::min(core::Clock::now() + backoff, deadline.at()));
+    backoff = std::min(backoff * 2, kBackoffMax);
+  }
 }
 
 }  // namespace ringreduce::rendezvous

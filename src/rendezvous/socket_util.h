@@ -5,12 +5,15 @@
 #include <netdb.h>
 #include <sys/socket.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "core/deadline.h"
+#include "core/fd.h"
 
 namespace ringreduce::rendezvous {
 
@@ -30,6 +33,19 @@ std::string join_host_port(const std::string& host, int port);
 // connect() on a non-blocking socket, waiting no later than deadline for it to finish. Returns ""
 // once connected, else the reason ("Connection refused", "connect timed out", ...).
 std::string connect_before(int fd, const addrinfo* ai, const core::Deadline& deadline);
+
+// A failure worth retrying until the deadline: refused, unreachable, reset, unresolvable.
+struct Retryable {
+  std::string reason;
+};
+
+// Calls connect_once until it returns a connection, retrying after a Retryable with a back-off
+// that is quick at first (the server is usually just starting) and then gentle (10 ms doubling to
+// 500 ms), never past the deadline; then a TimeoutError "<name>: could not connect within
+// <timeout> ms (<n> attempts; last: <reason>)". The first retry is logged at INFO.
+core::Fd connect_with_retry(const std::string& name, std::chrono::milliseconds timeout,
+                            const core::Deadline& deadline,
+                            const std::function<core::Fd(const core::Deadline&)>& connect_once);
 
 // Best effort: a store exchange is a few small messages, so Nagle would only add latency.
 void set_nodelay(int fd);

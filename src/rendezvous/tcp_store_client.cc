@@ -37,17 +37,9 @@ using std::chrono::milliseconds;
 // Idle connections kept for reuse; more than this many concurrent requests open extra
 // connections that are closed afterwards.
 constexpr size_t kMaxIdle = 8;
-// Reconnect back-off: quick at first (the server is usually just starting), then gentle.
-constexpr milliseconds kBackoffFirst(10);
-constexpr milliseconds kBackoffMax(500);
 // One connect() attempt to one address waits at most this long, so that an address that drops
 // SYNs does not use up the whole timeout before the others are tried.
 constexpr milliseconds kConnectAttemptMax(10000);
-
-// A failure worth retrying until the deadline: refused, unreachable, reset, unresolvable.
-struct Retryable {
-  std::string reason;
-};
 
 using core::errno_text;
 
@@ -299,24 +291,8 @@ class TcpStoreClient : public Store {
   }
 
   core::Fd connect_with_retry(const Deadline& deadline) {
-    milliseconds backoff = kBackoffFirst;
-    std::string last_error = "no attempt was made";
-    // Bounded by the deadline: every pass either returns, throws, or sleeps toward it.
-    for (int attempt = 1;; ++attempt) {
-      try {
-        return connect_once(deadline);
-      } catch (const Retryable& r) {
-        last_error = r.reason;
-      }
-      if (deadline.expired())
-        throw TimeoutError(name_ + ": could not connect within " +
-                           std::to_string(timeout_.count()) + " ms (" + std::to_string(attempt) +
-                           " attempts; last: " + last_error + ")");
-      if (attempt == 1)
-        RR_LOG(info, store, -1, name_, ": not reachable yet (", last_error, "); retrying");
-      std::this_thread::sleep_until(std::min(Clock::now() + backoff, deadline.at()));
-      backoff = std::min(backoff * 2, kBackoffMax);
-    }
+    return rendezvous::connect_with_retry(name_, timeout_, deadline,
+                                          [this](const Deadline& d) { return connect_once(d); });
   }
 
   core::Fd connect_once(const Deadline& deadline) {

@@ -44,15 +44,9 @@ constexpr size_t kMaxIdle = 8;
 // A probe that gets no answer (a service that is not a torch store, waiting for more bytes) is
 // given up after this long, or the connect timeout if shorter.
 constexpr milliseconds kProbeLimit(10000);
-constexpr milliseconds kBackoffFirst(10);
-constexpr milliseconds kBackoffMax(500);
 // After a timed-out wait, the keys still missing are looked up one by one for the message; at
 // most this many (a wait on every rank's key, timed out in 100 ms slices, must stay cheap).
 constexpr size_t kMaxKeysLookedUp = 16;
-
-struct Retryable {  // refused, reset, unresolvable: worth another try until the deadline
-  std::string reason;
-};
 
 // A request under construction: the type byte and its arguments, in the host's byte order as
 // torch sends them.
@@ -253,24 +247,8 @@ class TorchStoreClient : public Store {
   }
 
   core::Fd connect_with_retry(const Deadline& deadline) {
-    milliseconds backoff = kBackoffFirst;
-    std::string last_error = "no attempt was made";
-    // Bounded by the deadline: every pass returns, throws, or sleeps toward it.
-    for (int attempt = 1;; ++attempt) {
-      try {
-        return connect_once(deadline);
-      } catch (const Retryable& r) {
-        last_error = r.reason;
-      }
-      if (deadline.expired())
-        throw TimeoutError(name_ + ": could not connect within " +
-                           std::to_string(timeout_.count()) + " ms (" + std::to_string(attempt) +
-                           " attempts; last: " + last_error + ")");
-      if (attempt == 1)
-        RR_LOG(info, store, -1, name_, ": not reachable yet (", last_error, "); retrying");
-      std::this_thread::sleep_until(std::min(Clock::now() + backoff, deadline.at()));
-      backoff = std::min(backoff * 2, kBackoffMax);
-    }
+    return rendezvous::connect_with_retry(name_, timeout_, deadline,
+                                          [this](const Deadline& d) { return connect_once(d); });
   }
 
   core::Fd connect_once(const Deadline& deadline) {

@@ -205,7 +205,8 @@ void Engine::drive_loop(FnRef<bool> poll, FnRef<bool> moved, FnRef<void> on_time
   }
 }
 
-int Engine::waited_peer() {
+int Engine::waited_peer(bool* sending_out) {
+  // A pending receive names the rank that did not send; only without one, a send not taken.
   int q = -1;
   bool sending = false;
   for (auto& k : kinds_) {
@@ -213,6 +214,7 @@ int Engine::waited_peer() {
     const int t = k->stuck_peer(&s);
     if (t >= 0 && (q < 0 || (sending && !s))) q = t, sending = s;
   }
+  if (sending_out != nullptr) *sending_out = sending;
   return q;
 }
 
@@ -246,14 +248,8 @@ void Engine::throw_timeout() {
   // A host that acknowledges nothing explains the wait better than the peer waited on.
   for (auto& k : kinds_)
     if (std::string text = k->unreachable_text(); !text.empty()) throw TimeoutError(text);
-  // A pending receive names the rank that did not send; only without one, a send not taken.
-  int q = -1;
   bool sending = false;
-  for (auto& k : kinds_) {
-    bool s = false;
-    const int t = k->stuck_peer(&s);
-    if (t >= 0 && (q < 0 || (sending && !s))) q = t, sending = s;
-  }
+  const int q = waited_peer(&sending);
   if (q < 0) throw TimeoutError("timed out");
   throw TimeoutError("timed out waiting for rank " + std::to_string(q) +
                      (sending ? " to take our data" : ""));

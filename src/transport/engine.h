@@ -84,7 +84,7 @@ class Engine final : public Transport, public Driver {
   void drive_loop(FnRef<bool> poll, FnRef<bool> moved, FnRef<void> on_timeout,
                   const core::Deadline& deadline);
   // The peer a pending receive waits for, else one that has not taken our data; -1: none known.
-  int waited_peer();
+  int waited_peer(bool* sending = nullptr);
   void check_interrupt();
   void throw_if_notice();
   // Sleeps on every kind's events unless recheck(), run once every sleep flag is up, finds work.
