@@ -32,6 +32,9 @@ PEERS = {
     "gloo": ("Gloo ring_chunked (measured)", "tab:green", "^-"),
     "mpi": ("OpenMPI default (measured)", "tab:purple", "v-"),
     "mpiring": ("OpenMPI ring (measured)", "tab:orange", "D-"),
+    # ringreduce again, the tuner's choice, in the same runs as the peers (the ring and star
+    # series come from bench/scaling.sh's own runs).
+    "ringreduce": ("ringreduce, tuner's choice (measured beside the peers)", "tab:blue", "s--"),
 }
 
 

@@ -8,7 +8,7 @@ run (one size, -b SIZE -e SIZE), at the same rate, e.g. for 2..8 hosts at 1 Gbit
 
     for n in 2 3 4 5 6 7 8; do
       bench/cluster_compare.sh -o /tmp/scaling-peers/N$n -H $n -R 1gbit -r 3 -b 64M -e 64M \
-        -l "gloo mpi mpiring"
+        -l "ringreduce gloo mpi mpiring"
     done
     bench/scaling_peers.py docs/scaling.csv /tmp/scaling-peers/N*
 
@@ -24,7 +24,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_table import FILE_RE, parse_rows, parse_stream  # noqa: E402
 
-PEERS = ("gloo", "mpi", "mpiring")
+# ringreduce too: cluster_compare.sh's ringreduce (the tuner's choice) in the same rounds as the
+# peers, so that their ratios come from one run.
+PEERS = ("gloo", "mpi", "mpiring", "ringreduce")
 FIELDS = ["hosts", "algo", "size_bytes", "time_us", "link_GBps"]
 
 

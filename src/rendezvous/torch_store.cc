@@ -40,7 +40,7 @@ constexpr uint8_t kStopWait = 0;  // WAIT's answer once every key is set
 
 // Limits on what a server's answer may make this client allocate.
 constexpr uint64_t kMaxValueBytes = uint64_t{1} << 30;
-constexpr size_t kMaxIdle = 8;
+constexpr size_t kMaxIdleTorch = 8;
 // A probe that gets no answer (a service that is not a torch store, waiting for more bytes) is
 // given up after this long, or the connect timeout if shorter.
 constexpr milliseconds kProbeLimit(10000);
@@ -243,7 +243,7 @@ class TorchStoreClient : public Store {
   // Only a connection whose every answer was read comes back here.
   void release(core::Fd fd) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (idle_.size() < kMaxIdle) idle_.push_back(std::move(fd));
+    if (idle_.size() < kMaxIdleTorch) idle_.push_back(std::move(fd));
   }
 
   core::Fd connect_with_retry(const Deadline& deadline) {
