@@ -22,6 +22,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "exact_data.h"
@@ -79,20 +80,43 @@ struct Bench {
   // cudaMalloc'd ones); malloc's 16-byte offset would time split vector loads instead.
   // --buffers device: the buffers are device memory (cudaMalloc), with a host copy that the checks
   // fill and read (uploaded before a checked run, downloaded after).
+  // --buffers registered: the buffers come from Communicator::alloc (page-aligned too), and are
+  // freed with it (a collective: every rank frees its buffers in the same order).
   struct Buffer {
     std::unique_ptr<char, decltype(&std::free)> p{nullptr, &std::free};
     std::unique_ptr<reduce::cuda::DeviceBuffer> dev;
+    Communicator* registered = nullptr;
+    char* reg = nullptr;
     size_t n = 0;
-    void assign(size_t bytes, char v, bool device) {
-      p.reset(static_cast<char*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096)));
-      if (!p) throw std::bad_alloc();
+    Buffer() = default;
+    Buffer(const Buffer&) = delete;
+    Buffer& operator=(const Buffer&) = delete;
+    ~Buffer() {
+      try {
+        unregister();
+      } catch (const std::exception&) {  // the communicator failed: its end frees the memory
+      }
+    }
+    void unregister() {
+      if (reg) registered->free(std::exchange(reg, nullptr));
+    }
+    void assign(size_t bytes, char v, bool device, Communicator* comm) {
+      unregister();
+      p.reset();
       n = bytes;
-      std::memset(p.get(), v, bytes);
+      if (comm) {
+        reg = static_cast<char*>(comm->alloc(bytes));
+        registered = comm;
+      } else {
+        p.reset(static_cast<char*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096)));
+        if (!p) throw std::bad_alloc();
+      }
+      std::memset(host(), v, bytes);
       if (device) dev = std::make_unique<reduce::cuda::DeviceBuffer>(bytes);
     }
     // What the calls are given: device memory with --buffers device.
-    char* data() { return dev ? static_cast<char*>(dev->data()) : p.get(); }
-    char* host() { return p.get(); }
+    char* data() { return dev ? static_cast<char*>(dev->data()) : host(); }
+    char* host() { return reg ? reg : p.get(); }
     size_t size() const { return n; }
     void upload() {
       if (dev) dev->upload(p.get(), n);
@@ -110,8 +134,9 @@ struct Bench {
   size_t recv_elems() const { return args.coll == Coll::reduce_scatter ? block : count; }
 
   void allocate() {
-    send.assign(std::max<size_t>(1, send_elems() * elem()), 0, args.device);
-    recv.assign(std::max<size_t>(1, count * elem()), 0, args.device);
+    Communicator* reg = args.registered ? &comm : nullptr;
+    send.assign(std::max<size_t>(1, send_elems() * elem()), 0, args.device, reg);
+    recv.assign(std::max<size_t>(1, count * elem()), 0, args.device, reg);
   }
 
   // The receive pointer of the in-place variant (nccl-tests conventions).
@@ -450,7 +475,10 @@ int main(int argc, char** argv) {
         std::printf("#  Times: %s (-a %d)\n", whose[static_cast<int>(args.report)],
                     static_cast<int>(args.report));
       }
-      std::printf("#  Buffers in %s memory%s\n#\n", args.device ? "device" : "host",
+      std::printf("#  Buffers in %s memory%s\n#\n",
+                  args.device       ? "device"
+                  : args.registered ? "registered host"
+                                    : "host",
                   args.device ? (" (" + reduce::cuda::device_description() + ")").c_str() : "");
       std::printf("# %10s %12s %8s %6s %6s  %9s %7s %7s %6s  %9s %7s %7s %6s  %-20s  %s\n", "", "",
                   "", "", "", "out-of-place", "", "", "", "in-place", "", "", "", "",

@@ -49,9 +49,11 @@ const char kUsage[] =
     "  --algorithm ALGO         force the algorithm (RINGREDUCE_ALGO=COLL:ALGO; default: the\n"
     "                           tuner's choice)\n"
     "  --time-per-size SECONDS  how long the adaptive iteration count aims for (default 0.2)\n"
-    "  --buffers host|device    where the buffers are (default host); device: CUDA device\n"
+    "  --buffers host|device|registered\n"
+    "                           where the buffers are (default host); device: CUDA device\n"
     "                           memory, every call stream-ordered on the default stream and\n"
-    "                           timed to the stream's end\n"
+    "                           timed to the stream's end; registered: host memory from\n"
+    "                           Communicator::alloc (registered with this host's ranks)\n"
     "  --calibrate FILE         measure the links and the reduce kernel at length (30 batches\n"
     "                           instead of start-up's 3) and write them to FILE for\n"
     "                           RINGREDUCE_TUNING_FILE, replacing the line for this link kind\n"
@@ -325,8 +327,10 @@ Parsed parse_args(int argc, const char* const* argv) {
         break;
       }
       case kBuffers:
-        if (v != "host" && v != "device") return bad("host or device");
+        if (v != "host" && v != "device" && v != "registered")
+          return bad("host, device or registered");
         a.device = v == "device";
+        a.registered = v == "registered";
         break;
       case kCalibrate:
         if (v.empty()) return bad("a file name");

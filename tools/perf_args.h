@@ -42,6 +42,7 @@ struct Args {
   std::string algo;             // --algorithm
   double target_seconds = 0.2;  // --time-per-size
   bool device = false;          // --buffers device: buffers in CUDA device memory
+  bool registered = false;      // --buffers registered: buffers from Communicator::alloc
   std::string calibrate_file;   // --calibrate FILE
 
   // The size after `bytes`, or `bytes` itself when the sizes stop growing.

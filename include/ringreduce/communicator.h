@@ -144,6 +144,21 @@ class RINGREDUCE_API Communicator {
   // The link and reduction costs the tuner chooses algorithms by (measured at start-up, or from
   // RINGREDUCE_TUNING_FILE), in that file's format: what `ringreduce-perf --calibrate` writes.
   std::string tuning() const;
+  // Collective (every rank, in order with its other collectives; sizes may differ by rank):
+  // `bytes` of memory registered with this host's ranks (NCCL's registered buffers,
+  // MPI_Win_allocate_shared). A large allreduce whose input and output lie in such memory on
+  // every rank reads and writes the peers' buffers in place instead of staging them
+  // (docs/PERFORMANCE.md: 2.2-4.7x the speed of the same call on other memory, 64 KiB-256 MiB, 2-8
+  // ranks on the development VM); any call may use it, and calls on other memory run as before.
+  // Page-aligned and zeroed. Unlike ncclMemAlloc's, it belongs to this communicator: valid until
+  // free() or the communicator's end, and not registered with communicators split from it. Across
+  // hosts (or with RINGREDUCE_SHM=0) it is ordinary memory. A failure (out of memory on some rank)
+  // is raised on every rank and names the rank.
+  void* alloc(size_t bytes);
+  // Collective: frees what alloc() returned (every rank passes its pointer from the same
+  // alloc() call; nullptr on every rank does nothing). InvalidArgument on every rank for a
+  // pointer alloc() did not return.
+  void free(void* p);
 
   // ---- untyped calls (bindings, the C API); counts are elements -------------------------------
   // Out of place unless send == recv.

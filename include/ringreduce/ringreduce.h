@@ -80,6 +80,13 @@ RINGREDUCE_API rr_result_t rr_comm_abort(rr_comm_t* comm, const char* reason);
  * rr_comm_destroy, independently of this one. */
 #define RR_NO_COLOR (-1)
 RINGREDUCE_API rr_result_t rr_comm_split(rr_comm_t* comm, int color, int key, rr_comm_t** out);
+/* Collective: `bytes` of memory registered with this host's ranks (Communicator::alloc: large
+ * allreduces on it read and write the peers' buffers in place); *ptr is NULL on an error. Valid
+ * until rr_mem_free or the communicator's destruction. */
+RINGREDUCE_API rr_result_t rr_mem_alloc(rr_comm_t* comm, size_t bytes, void** ptr);
+/* Collective: frees what rr_mem_alloc returned (every rank its pointer from the same call; NULL
+ * on every rank does nothing). */
+RINGREDUCE_API rr_result_t rr_mem_free(rr_comm_t* comm, void* ptr);
 
 /* Blocking collectives; counts are elements (see the C++ header for each collective's layout). */
 RINGREDUCE_API rr_result_t rr_allreduce(rr_comm_t* comm, const void* send, void* recv, size_t count,

@@ -7,6 +7,7 @@ from ._ringreduce import Communicator as Communicator
 from ._ringreduce import Error as Error
 from ._ringreduce import ErrorCode as ErrorCode
 from ._ringreduce import InvalidArgument as InvalidArgument
+from ._ringreduce import Memory as Memory
 from ._ringreduce import MismatchError as MismatchError
 from ._ringreduce import PeerError as PeerError
 from ._ringreduce import ReduceOp as ReduceOp
@@ -21,6 +22,7 @@ __all__ = [
     "Error",
     "ErrorCode",
     "InvalidArgument",
+    "Memory",
     "MismatchError",
     "PeerError",
     "ReduceOp",

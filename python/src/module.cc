@@ -21,6 +21,7 @@ namespace rr = ringreduce;
 using rr::python::Buffer;
 using rr::python::call_options;
 using rr::python::PyComm;
+using rr::python::PyMemory;
 using rr::python::PyWork;
 
 namespace {
@@ -105,6 +106,14 @@ PYBIND11_MODULE(_ringreduce, m) {
       .value("BXOR", rr::ReduceOp::bxor)
       .value("PREMUL_SUM", rr::ReduceOp::premul_sum);
 
+  py::class_<PyMemory>(m, "Memory", py::buffer_protocol(),
+                       "Memory from Communicator.alloc(): a writable buffer of bytes.")
+      .def_buffer([](PyMemory& m) {
+        return py::buffer_info(m.p, 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(m.bytes)}, {py::ssize_t{1}});
+      })
+      .def("__len__", [](const PyMemory& m) { return m.bytes; });
+
   py::class_<PyWork>(m, "Work", "The handle of an async collective.")
       .def("wait", &PyWork::wait, py::arg("timeout") = py::none(),
            "Blocks until the op completes (or `timeout` seconds pass: then returns False); "
@@ -153,6 +162,31 @@ PYBIND11_MODULE(_ringreduce, m) {
           py::arg("color"), py::arg("key") = py::none(),
           "split(color, key=rank): collective; the ranks passing one color form a new "
           "Communicator, ranked by key (ties: by rank). color -1 (NO_COLOR): returns None.")
+      .def(
+          "alloc",
+          [](PyComm& c, size_t nbytes) {
+            PyMemory m{c.comm(), nullptr, nbytes};
+            {
+              py::gil_scoped_release nogil;  // a collective
+              m.p = m.comm->alloc(nbytes);
+            }
+            return m;
+          },
+          py::arg("nbytes"),
+          "alloc(nbytes): collective; a writable buffer of nbytes registered with this host's "
+          "ranks (np.frombuffer(mem, dtype) views it as an array): large allreduces on it read "
+          "and write the peers' buffers in place. It keeps the communicator alive; valid until "
+          "free(): do not touch it, or arrays made from it, afterwards.")
+      .def(
+          "free",
+          [](PyComm& c, py::buffer buffer) {
+            void* p = buffer.request().ptr;
+            const auto comm = c.comm();
+            py::gil_scoped_release nogil;  // a collective
+            comm->free(p);
+          },
+          py::arg("buffer"),
+          "free(buffer): collective; frees what alloc() returned (or an array over its start).")
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](PyComm& c, py::args) { c.close(); });
 

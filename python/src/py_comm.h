@@ -34,6 +34,14 @@ void blocking_call(rr::Communicator& c, F&& f) {
 }
 
 // An async op's handle: the C++ Work plus the buffers it uses.
+// Communicator.alloc()'s memory: the buffer protocol over it, and the communicator kept alive
+// as long as the buffer is (by arrays made from it too), since the memory ends with it.
+struct PyMemory {
+  std::shared_ptr<rr::Communicator> comm;
+  void* p = nullptr;
+  size_t bytes = 0;
+};
+
 class PyWork {
  public:
   PyWork(rr::Work w, std::vector<Buffer> bufs, py::object result,

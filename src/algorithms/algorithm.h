@@ -65,6 +65,9 @@ struct Context {
   int host_size = 0;
   // RINGREDUCE_TIMELINE's recorder (null: off).
   core::Timeline* timeline = nullptr;
+  // What the registered allreduce runs instead when some rank's buffers are not registered (the
+  // tuner's choice without it); null: the ring.
+  void (*fallback)(Context&, const Args&) = nullptr;
 
   transport::Link& link(int peer, int channel = 0) { return transport.link(peer, channel); }
   void wait(transport::Completion& c) { transport.wait(c, deadline); }
@@ -142,6 +145,7 @@ void dissemination_barrier(Context& ctx, const Args& a);
 void flat_allreduce(Context& ctx, const Args& a);
 void flat_barrier(Context& ctx, const Args& a);
 void direct_allreduce(Context& ctx, const Args& a);
+void registered_allreduce(Context& ctx, const Args& a);
 void hierarchical_allreduce(Context& ctx, const Args& a);
 void star_allreduce(Context& ctx, const Args& a);  // for the scaling comparison only
 void rabenseifner_allreduce(Context& ctx, const Args& a);
@@ -158,6 +162,10 @@ double tree_allreduce_cost(const CostInputs& in, double k, double segment);
 size_t tree_allreduce_segment(const CostInputs& in, size_t bytes);
 double flat_allreduce_cost(const CostInputs& in, double k, double segment);
 double direct_allreduce_cost(const CostInputs& in, double k, double segment);
+// The registered allreduce takes a call by its rule (from its size; the tuner asks it only while
+// the communicator has registered memory): registered memory is not a cost the model compares,
+// and Context::fallback serves a call whose buffers turn out not to be registered.
+bool registered_allreduce_applies(const CostInputs& in, size_t bytes);
 double chain_broadcast_cost(const CostInputs& in, double k, double segment);
 double binomial_broadcast_cost(const CostInputs& in, double k, double segment);
 double chain_reduce_cost(const CostInputs& in, double k, double segment);

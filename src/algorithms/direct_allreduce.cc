@@ -20,14 +20,15 @@
 // ranks get its bits; the fixed order keeps them the same from run to run.
 //
 // Layout of a rank's direct area (window bytes [kAreaOffset, end), after the flat collectives'
-// two areas): a 4 KiB header (below), then two buffers of N slots of `piece` bytes. Round number
-// g counts every direct round this communicator has run (the same on every rank: ranks run the
-// same ops, and a direct op's round count depends only on N, count and dtype), so stamps never
-// repeat and consecutive rounds, across ops too, alternate buffers: round g uses buffer g % 2.
-// Its stamps hold g + 1, stored with release after the data; readers wait for equality. The
-// window's fingerprint of the op is stored beside every staged stamp, and a reader that finds
-// another one there (a peer in another call at the same round, e.g. another count) throws the
-// MismatchError; a peer in another kind of call never stamps, and the window's wait names it.
+// two areas and the registered allreduce's page: window_areas.h): a 4 KiB header (below), then two
+// buffers of N slots of `piece` bytes. Round number g counts every direct round this communicator
+// has run (the same on every rank: ranks run the same ops, and a direct op's round count depends
+// only on N, count and dtype), so stamps never repeat and consecutive rounds, across ops too,
+// alternate buffers: round g uses buffer g % 2. Its stamps hold g + 1, stored with release after
+// the data; readers wait for equality. The window's fingerprint of the op is stored beside every
+// staged stamp, and a reader that finds another one there (a peer in another call at the same
+// round, e.g. another count) throws the MismatchError; a peer in another kind of call never stamps,
+// and the window's wait names it.
 //
 // Reuse guard: round g rewrites buffer b = g % 2, last written in round g - 2 (of this op or an
 // earlier direct op; other algorithms never touch the direct area). Every peer is done with
@@ -58,8 +59,8 @@
 namespace ringreduce::algorithms {
 namespace {
 
-// The flat collectives own the window's first two areas.
-constexpr size_t kAreaOffset = 2 * flat::kAreaBytes;
+// After the flat collectives' areas and the registered allreduce's page (window_areas.h).
+constexpr size_t kAreaOffset = window_areas::kDirectOffset;
 constexpr size_t kHeaderBytes = 4096;
 // Largest piece of a slice per round; 2 N pieces must fit the area (N = 4: 236 KiB, N = 8:
 // 116 KiB). Interleaved medians of 3 rounds at N = 2, 1-4 MiB (in-place busbw): 256 KiB 6.1
@@ -104,8 +105,9 @@ double direct_allreduce_cost(const CostInputs& in, double k, double /*segment*/)
   if (n <= 1) return 0;
   const Costs& c = in.costs;
   // The pieces of a 2 MiB window (shared memory's), as piece_bytes() cuts it, unrounded.
-  const double piece = std::min(
-      256.0 * 1024, static_cast<double>((size_t{2} << 20) - (size_t{132} << 10)) / (2.0 * n));
+  const double piece =
+      std::min(256.0 * 1024,
+               static_cast<double>((size_t{2} << 20) - kAreaOffset - kHeaderBytes) / (2.0 * n));
   const double rounds = std::max(1.0, std::ceil(k / n / piece));
   const double others = (n - 1) * (k / n);
   return 2 * rounds * c.link.alpha + k * c.link.beta / 2 + others * (1.5 * c.link.beta + c.gamma);

@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "algorithms/algorithm.h"
+#include "algorithms/window_areas.h"
 
 namespace ringreduce::algorithms::flat {
 
@@ -24,6 +25,7 @@ inline constexpr size_t kAreaBytes = 64 << 10;
 inline constexpr size_t kLinePayload = transport::Window::kLineBytes - 16;
 // The largest payload a flat collective can carry. The tuner keeps to it.
 inline constexpr size_t kMaxBytes = kAreaBytes - 16;
+static_assert(2 * kAreaBytes == window_areas::kFlatBytes);
 static_assert(2 * kAreaBytes <= transport::Window::kHotBytes,
               "the areas lie where the transport makes the window resident at creation");
 

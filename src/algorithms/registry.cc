@@ -25,6 +25,7 @@ const std::vector<Algorithm>& all_algorithms() {
   // clang-format off
   static const std::vector<Algorithm> kAll = {
       // name            kind                       id  run                            window max bytes        cost                         suits      segment                 rule
+      {"registered",    Collective::allreduce,     23, registered_allreduce,          true,  SIZE_MAX,        nullptr,                     "shm",     nullptr,                registered_allreduce_applies},
       {"flat",          Collective::allreduce,      9, flat_allreduce,                true,  flat::kMaxBytes, flat_allreduce_cost,         "shm",     nullptr,                nullptr},
       {"direct",        Collective::allreduce,     11, direct_allreduce,              true,  SIZE_MAX,        direct_allreduce_cost,       "shm",     nullptr,                nullptr},
       {"rd",            Collective::allreduce,      8, recursive_doubling_allreduce,  false, SIZE_MAX,        rd_allreduce_cost,           "tcp",     nullptr,                nullptr},

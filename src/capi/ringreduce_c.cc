@@ -207,6 +207,18 @@ rr_result_t rr_comm_split(rr_comm_t* c, int color, int key, rr_comm_t** out) {
   });
 }
 
+rr_result_t rr_mem_alloc(rr_comm_t* c, size_t bytes, void** ptr) {
+  RR_CHECK_COMM(c);
+  if (ptr == nullptr) return RR_ERR_INVALID_ARGUMENT;
+  *ptr = nullptr;
+  return RR_ON(c, *ptr = c->comm->alloc(bytes));
+}
+
+rr_result_t rr_mem_free(rr_comm_t* c, void* ptr) {
+  RR_CHECK_COMM(c);
+  return RR_ON(c, c->comm->free(ptr));
+}
+
 rr_result_t rr_allreduce(rr_comm_t* c, const void* send, void* recv, size_t count, rr_dtype_t dtype,
                          rr_op_t op) {
   RR_CHECK_COMM(c);

@@ -445,7 +445,8 @@ std::exception_ptr CommImpl::execute(OpState& op) {
                               ring_.data(),
                               ring_pos_.data(),
                               host_size_,
-                              timeline_.get()};
+                              timeline_.get(),
+                              op.plan.fallback ? op.plan.fallback->run : nullptr};
       if (core::log_enabled(core::LogLevel::trace, core::LogSubsys::coll)) {
         const auto started = core::Clock::now();
         RR_LOG(trace, coll, rank_, describe(op.tag), ": ", op.plan.algorithm->name,

@@ -27,6 +27,7 @@
 #include "ringreduce/store.h"
 #include "transport/engine.h"
 #include "transport/link.h"
+#include "transport/shm/mapping.h"
 #include "tuner/tuner.h"
 
 namespace ringreduce::rendezvous {
@@ -128,6 +129,9 @@ class CommImpl {
   std::unique_ptr<CommImpl> split(int color, int key);
   // The tuner's link and reduction costs, in RINGREDUCE_TUNING_FILE's format.
   std::string tuning() const;
+  // Communicator::alloc / free (memory.cc): collectives.
+  void* alloc(size_t bytes);
+  void free(void* p);
 
   static Work make_work(std::shared_ptr<OpState> s) { return Work(std::move(s)); }
 
@@ -226,6 +230,23 @@ class CommImpl {
   std::unique_ptr<char[]> scratch_;
   std::unique_ptr<StagingPool> staging_;  // made by the first call on device memory (mu_)
   size_t scratch_bytes_ = 0;
+  // alloc()'s memory (memory.cc): in the window's regions (shared: registered with every peer),
+  // or mapped privately where there is no window. next_region_ counts alloc() calls, the same on
+  // every rank.
+  struct Allocation {
+    void* p = nullptr;
+    size_t bytes = 0;
+    uint32_t region = 0;
+    bool in_window = false;  // a window region (the transport owns its mappings)
+    bool shared = false;
+    transport::shm::Mapping mapping;  // the private mapping, where there is no window
+  };
+  std::vector<Allocation> allocations_;
+  uint32_t next_region_ = 0;
+  // An allgather of k int64s from every rank (alloc, free), as a collective like any other.
+  std::vector<int64_t> gather_i64(const int64_t* mine, size_t k);
+  // Tells the tuner whether any allocation is registered with every rank.
+  void set_registered();
   std::vector<int> ring_;      // rank at each ring position (algorithms::Context::ring)
   std::vector<int> ring_pos_;  // position of each rank
   int host_size_ = 0;          // ranks per host if every host has as many, else 0

@@ -105,6 +105,12 @@ int Communicator::size() const {
 std::string Communicator::tuning() const {
   return impl().tuning();
 }
+void* Communicator::alloc(size_t bytes) {
+  return impl().alloc(bytes);
+}
+void Communicator::free(void* p) {
+  impl().free(p);
+}
 void Communicator::abort(const std::string& reason) {
   impl().abort(reason);
 }

@@ -16,15 +16,8 @@ std::unique_ptr<CommImpl> CommImpl::split(int color, int key) {
                           std::to_string(color) + " is neither >= 0 nor kNoColor (-1)");
   // Every rank's (color, key), through this communicator: a collective like any other, so a rank
   // that does not call split() is a mismatch or a timeout, named as usual.
-  int64_t mine[2] = {color, key};
-  std::vector<int64_t> all(2 * static_cast<size_t>(size_));
-  algorithms::Args a;
-  a.kind = algorithms::Collective::allgather;
-  a.send = mine;
-  a.recv = all.data();
-  a.count = 2;
-  a.dtype = DataType::i64;
-  call(a, CallOptions{});
+  const int64_t mine[2] = {color, key};
+  const std::vector<int64_t> all = gather_i64(mine, 2);
   const uint64_t id = ++splits_;
   if (color < 0) return nullptr;
   std::vector<int> members;

@@ -142,9 +142,10 @@ class Window {
   static constexpr int kLines = 2;
   static constexpr size_t kLineBytes = 64;
   // The first bytes of each rank's region, where small ops keep their data (the flat
-  // collectives' two areas): a transport may make them resident at creation, so that a small
-  // op's first call does not fault them in (10-20 us a page on some VMs, against its 0.4 us).
-  static constexpr size_t kHotBytes = 128 << 10;
+  // collectives' two areas) and the registered allreduce its stamps: a transport may make them
+  // resident at creation, so that a call does not fault them in (10-20 us a page on some VMs,
+  // against a small op's 0.4 us).
+  static constexpr size_t kHotBytes = (128 << 10) + 4096;
   virtual char* line(int rank, int which) = 0;
   // After storing a stamp: wakes the peers that sleep so that they look at it.
   virtual void notify() = 0;
@@ -162,6 +163,31 @@ class Window {
   // Tells the window what the algorithm has seen for itself (every peer stamped op seq), so that
   // a later wait_all_reached(seq) costs nothing.
   virtual void note_all_reached(uint64_t seq) = 0;
+
+  // Registered memory (Communicator::alloc; NCCL's registered user buffers): each rank's
+  // allocation mapped by every peer, so that an algorithm reads and writes a peer's buffer in
+  // place instead of staging it. Made collectively by the communicator: create_region on every
+  // rank (the same id everywhere), each rank's offer passed to every peer, attach_region for
+  // each peer's, then commit_region on every rank with whether every rank attached every peer's
+  // (only then does find_region see it). Ids are never reused.
+  struct Region {
+    static constexpr uint32_t kNone = UINT32_MAX;
+    uint32_t id = kNone;
+    uint64_t offset = 0;
+  };
+  // This rank's memory for region `id` (*offer: what a peer needs to attach it); null with *why.
+  virtual char* create_region(uint32_t id, size_t bytes, uint64_t* offer, std::string* why) = 0;
+  // Maps rank's region `id` of `bytes` from its offer; false with *why.
+  virtual bool attach_region(uint32_t id, int rank, uint64_t offer, size_t bytes,
+                             std::string* why) = 0;
+  virtual void commit_region(uint32_t id, bool shared) = 0;
+  // Unmaps region `id` here, ours and the peers' views (after every rank is done with it).
+  virtual void release_region(uint32_t id) = 0;
+  // Where [p, p + bytes) lies inside one of this rank's shared regions (id kNone if it does not).
+  // Thread-safe against the calls above.
+  virtual Region find_region(const void* p, size_t bytes) const = 0;
+  // Rank's region r.id at r.offset, as mapped in this process (ours when rank is this rank).
+  virtual char* region_of(int rank, Region r) = 0;
 };
 
 // The set of links of one communicator and the engine that progresses them.

@@ -144,16 +144,22 @@ void Tuner::set_costs(const Costs& costs) {
   tabulate();
 }
 
-const Algorithm* Tuner::pick(const algorithms::Args& args) const {
+const Algorithm* Tuner::pick(const algorithms::Args& args, bool registered) const {
   const size_t bytes = args.count * dtype_size(args.dtype);
+  auto is_registered = [](const Algorithm* a) {
+    return a->run == algorithms::registered_allreduce;
+  };
   if (auto it = forced_.find(args.kind); it != forced_.end())
     for (const auto* a : it->second)
-      if (bytes <= a->max_bytes) return a;
+      if (bytes <= a->max_bytes && (registered || !is_registered(a))) return a;
   if (setup_.size <= 1) return &default_algorithm(args.kind);
-  // An algorithm the model does not describe may take the call by its rule (the hierarchical
-  // allreduce across hosts, the window's barrier).
+  // An algorithm the model does not describe may take the call by its rule (the registered
+  // allreduce on one host while there is registered memory, the hierarchical one across hosts,
+  // the window's barrier).
+  const bool any_registered = registered && registered_.on.load(std::memory_order_relaxed);
   for (const auto* a : rules_[static_cast<size_t>(args.kind)])
-    if (bytes <= a->max_bytes && a->rule(in_, bytes)) return a;
+    if (bytes <= a->max_bytes && (any_registered || !is_registered(a)) && a->rule(in_, bytes))
+      return a;
   const auto& row = choice_[static_cast<size_t>(args.kind)];
   if (row.empty()) return &default_algorithm(args.kind);
   const Algorithm* a = row[size_class(bytes)];
@@ -172,7 +178,8 @@ size_t Tuner::choose_segment(const Algorithm& algorithm, size_t bytes) const {
 
 Plan Tuner::choose(const algorithms::Args& args) const {
   Plan plan;
-  plan.algorithm = pick(args);
+  plan.algorithm = pick(args, true);
+  if (plan.algorithm->run == algorithms::registered_allreduce) plan.fallback = pick(args, false);
   const size_t bytes = args.count * dtype_size(args.dtype);
   // Bytes each rank moves per ring step.
   size_t per_step = bytes;

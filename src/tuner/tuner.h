@@ -7,6 +7,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <map>
 #include <string>
 #include <vector>
@@ -36,6 +37,10 @@ struct Plan {
   int channels = 1;
   bool sliced = false;         // post ring schedules slice by slice (algorithms/ring_phases.h)
   bool stream_output = false;  // receives write the output with streaming stores (Transport)
+  // For the registered allreduce: what runs when some rank's buffers turn out not to be
+  // registered (the choice the tuner makes without it), so that plain buffers lose nothing while
+  // the communicator has registered memory.
+  const algorithms::Algorithm* fallback = nullptr;
 };
 
 class Tuner {
@@ -49,6 +54,13 @@ class Tuner {
   // from RINGREDUCE_TUNING_FILE). Until set: default_costs(setup.link).
   void set_costs(const Costs& costs);
   const Costs& costs() const { return in_.costs; }
+  // Whether every rank has memory registered with its peers (Communicator::alloc): large
+  // allreduces then go to the registered algorithm, which runs Plan::fallback for a call
+  // whose buffers are not all registered. Set alike on every rank (alloc and free are
+  // collectives).
+  void set_registered(bool registered) {
+    registered_.on.store(registered, std::memory_order_relaxed);
+  }
   // The model's time for `algorithm` on a call of `bytes` (per rank; infinity for one it does
   // not model).
   double predict(const algorithms::Algorithm& algorithm, size_t bytes) const;
@@ -57,7 +69,8 @@ class Tuner {
   static Costs default_costs(const transport::KindTraits& link);
 
  private:
-  const algorithms::Algorithm* pick(const algorithms::Args& args) const;
+  // registered: whether the registered allreduce may be picked (false: the plan's fallback).
+  const algorithms::Algorithm* pick(const algorithms::Args& args, bool registered) const;
   // Whether the links meet an algorithm's needs and it suits them.
   bool usable(const algorithms::Algorithm& a) const;
   // The cheapest modelled candidate for a call of `bytes`; null when none is modelled.
@@ -73,6 +86,17 @@ class Tuner {
 
   Setup setup_;
   algorithms::CostInputs in_;
+  // set_registered(): atomic, as a call's choice may be made in the progress thread (a Work's
+  // callback issuing the next call) while alloc() runs in the caller's.
+  struct Flag {  // an atomic that moves with the tuner (the tuner is built and then moved)
+    std::atomic<bool> on{false};
+    Flag() = default;
+    Flag(Flag&& o) noexcept : on(o.on.load()) {}
+    Flag& operator=(Flag&& o) noexcept {
+      on.store(o.on.load());
+      return *this;
+    }
+  } registered_;
   size_t stream_min_bytes_;
   size_t forced_segment_ = 0;
   // By Collective value: the cheapest candidate per size class (empty: none is modelled).

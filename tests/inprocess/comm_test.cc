@@ -967,6 +967,16 @@ TEST(Comm, CApiReportsErrorsWithoutExceptions) {
       std::vector<int32_t> buf(1000, r);
       int rc = rr_allreduce(comm, buf.data(), buf.data(), buf.size(), RR_I32, RR_SUM);
       EXPECT_EQ(buf[7], 3);
+      // Registered memory: allocated, reduced in, refused when foreign, freed.
+      void* mem = nullptr;
+      rc |= rr_mem_alloc(comm, 1 << 20, &mem);
+      auto* m = static_cast<int32_t*>(mem);
+      std::fill(m, m + (1 << 18), r);
+      rc |= rr_allreduce(comm, m, m, 1 << 18, RR_I32, RR_SUM);
+      EXPECT_EQ(m[(1 << 18) - 1], 3);
+      EXPECT_EQ(rr_mem_free(comm, r == 2 ? buf.data() : mem), RR_ERR_INVALID_ARGUMENT);
+      EXPECT_NE(std::string(rr_last_error(comm)).find("free: "), std::string::npos);
+      rc |= rr_mem_free(comm, mem);
       rr_work_t* w = nullptr;
       rc |= rr_allreduce_async(comm, buf.data(), buf.data(), buf.size(), RR_I32, RR_MAX, &w);
       rc |= rr_work_wait(w);

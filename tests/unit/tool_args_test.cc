@@ -142,6 +142,11 @@ TEST(PerfArgs, RingreduceOwnOptionsAreLong) {
   ASSERT_EQ(q.kind, perf::Parsed::Kind::run) << q.error;
   EXPECT_EQ(q.args.algo, "ring");
   EXPECT_FALSE(q.args.device);
+  EXPECT_FALSE(q.args.registered);
+  const auto r = perf_parse({"allreduce", "--buffers", "registered"});
+  ASSERT_EQ(r.kind, perf::Parsed::Kind::run) << r.error;
+  EXPECT_TRUE(r.args.registered);
+  EXPECT_FALSE(r.args.device);
 
   const auto c = perf_parse({"--calibrate", "/tmp/costs"});
   ASSERT_EQ(c.kind, perf::Parsed::Kind::calibrate) << c.error;
@@ -217,7 +222,7 @@ TEST(PerfArgs, EveryBadValueIsRefusedByName) {
       {{"allreduce", "--algorithm"}, "option '--algorithm' needs a value"},
       {{"allreduce", "--algorithm="}, "--algorithm takes an algorithm's name"},
       {{"allreduce", "--time-per-size", "0"}, "--time-per-size takes a number of seconds above 0"},
-      {{"allreduce", "--buffers", "gpu"}, "--buffers takes host or device, not 'gpu'"},
+      {{"allreduce", "--buffers", "gpu"}, "--buffers takes host, device or registered, not 'gpu'"},
       // -M was ringreduce-perf's host/device switch; in nccl-tests it is --memory_report.
       {{"allreduce", "-M", "device"}, "--buffers device"},
       {{"allreduce", "-G", "1"}, "-G (nccl-tests' --cudagraph) is not supported"},

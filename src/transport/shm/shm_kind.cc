@@ -36,19 +36,6 @@ inline void cpu_relax() {
 
 }  // namespace
 
-Mapping::~Mapping() {
-  if (p_) munmap(p_, n_);
-}
-Mapping::Mapping(Mapping&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(o.n_) {}
-Mapping& Mapping::operator=(Mapping&& o) noexcept {
-  if (this != &o) {
-    if (p_) munmap(p_, n_);
-    p_ = std::exchange(o.p_, nullptr);
-    n_ = o.n_;
-  }
-  return *this;
-}
-
 KindTraits ShmKind::static_traits() {
   KindTraits t;
   t.name = "shm";
@@ -252,6 +239,12 @@ int ShmKind::stuck_peer(bool* sending) const {
   for (ShmLink* l : active_)
     if (!l->lane() && l->has_pending_send()) return l->peer();
   return -1;
+}
+
+bool ShmKind::ShmWindow::attach_region(uint32_t id, int rank, uint64_t offer, size_t bytes,
+                                       std::string* why) {
+  const Peer& p = t_->peers_[static_cast<size_t>(rank)];
+  return t_->regions_.attach(id, rank, p.pid, p.pidfd.get(), offer, bytes, why);
 }
 
 void ShmKind::ShmWindow::notify() {

@@ -32,8 +32,10 @@
 #include "core/fd.h"
 #include "transport/kind.h"
 #include "transport/link.h"
+#include "transport/shm/mapping.h"
 #include "transport/shm/shm_layout.h"
 #include "transport/shm/shm_link.h"
+#include "transport/shm/shm_regions.h"
 
 namespace ringreduce::transport::shm {
 
@@ -80,24 +82,6 @@ struct ShmOptions {
   std::vector<std::string> published;
   // transport::ConnectArgs::check_failed.
   std::function<void()> check_failed;
-};
-
-// An mmap'd region, unmapped on destruction.
-class Mapping {
- public:
-  Mapping() = default;
-  Mapping(void* p, size_t n) : p_(p), n_(n) {}
-  ~Mapping();
-  Mapping(Mapping&& o) noexcept;
-  Mapping& operator=(Mapping&& o) noexcept;
-  Mapping(const Mapping&) = delete;
-  Mapping& operator=(const Mapping&) = delete;
-  void* get() const { return p_; }
-  SegmentHeader* header() const { return static_cast<SegmentHeader*>(p_); }
-
- private:
-  void* p_ = nullptr;
-  size_t n_ = 0;
 };
 
 class ShmKind final : public LinkKind {
@@ -174,6 +158,17 @@ class ShmKind final : public LinkKind {
     [[noreturn]] void mismatch(int rank) override;
     void wait_all_reached(uint64_t seq, const core::Deadline& deadline) override;
     void note_all_reached(uint64_t seq) override { floor_ = std::max(floor_, seq); }
+    char* create_region(uint32_t id, size_t bytes, uint64_t* offer, std::string* why) override {
+      return t_->regions_.create(id, bytes, offer, why);
+    }
+    bool attach_region(uint32_t id, int rank, uint64_t offer, size_t bytes,
+                       std::string* why) override;
+    void commit_region(uint32_t id, bool shared) override { t_->regions_.commit(id, shared); }
+    void release_region(uint32_t id) override { t_->regions_.release(id); }
+    Region find_region(const void* p, size_t bytes) const override {
+      return t_->regions_.find(p, bytes);
+    }
+    char* region_of(int rank, Region r) override { return t_->regions_.of(rank, r); }
 
    private:
     ShmKind* t_;
@@ -283,6 +278,7 @@ class ShmKind final : public LinkKind {
            static_cast<size_t>(channel);
   }
   ShmWindow window_{this};
+  Regions regions_{opts_.rank, opts_.size};  // the window's registered memory
   std::function<std::string(const OpTag&)> describe_;
   bool aborted_ = false;
   // Segments came through the host's first rank (else every pair connected).

@@ -1,6 +1,6 @@
 """One rank of test_more: what the module has beyond the original collectives: gather, scatter,
 allgatherv, reduce_scatterv, alltoallv, int16 and bool buffers, the bitwise ops and premul_sum,
-blocking and async, against NumPy. Prints "FAIL ..." per wrong result and "OK <checks>" at the
+blocking and async, split, alloc and free, against NumPy. Prints "FAIL ..." per wrong result and "OK <checks>" at the
 end; exits 1 on any failure."""
 
 import sys
@@ -93,6 +93,21 @@ g.allreduce(v)
 check(v[0] == sum(q for q in range(N) if q % 2 == R % 2), "allreduce in the group")
 check(comm.split(ringreduce.NO_COLOR if R else 0) is None or R == 0, "NO_COLOR gives None")
 g.close()
+
+# alloc / free: registered memory (large allreduces on it read the peers' buffers in place).
+mem = comm.alloc(300_000 * 4)
+a = np.frombuffer(mem, dtype=np.float32)
+a[:] = np.arange(a.size, dtype=np.float32) % 7 * (R + 1)
+comm.allreduce(a)
+check(np.array_equal(a, np.arange(a.size, dtype=np.float32) % 7 * (N * (N + 1) // 2)),
+      "allreduce in registered memory")
+try:
+    comm.free(np.zeros(3) if R == N - 1 else a)
+    check(False, "free of memory alloc did not return accepted")
+except ringreduce.InvalidArgument as e:
+    check(f"rank {N - 1}" in str(e) or "this pointer" in str(e), "free's error: " + str(e))
+comm.free(mem)
+del a, mem  # invalid after free
 
 comm.barrier()
 print("OK", checks, flush=True)
