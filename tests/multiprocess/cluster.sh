@@ -185,11 +185,13 @@ case "$case_name" in
     [ $ok = 0 ] || { echo "skipped: this kernel cannot drop bridged frames with nftables (bridge family, numgen)"; exit 77; }
     "$cluster" up 3 --rate 1gbit || fail "cluster up"
     "$cluster" loss 2 5 || fail "cluster loss 2 5"
-    # Every dtype by recursive doubling (4 B, 512 B) and the ring (64 KiB), then float at 256 KiB
-    # and 1 MiB (hundreds of frames per link each way). Loss costs TCP retransmission timeouts
-    # (200 ms at least; a 1 MiB allreduce takes seconds), which is why this is small.
-    check_run "allreduce, every dtype, 4 B-64 KiB, 5% loss on host 2's link" 3 "$cluster" run --timeout 60 -- \
-      "$perf" allreduce -b 4 -e 64K -f 128 -n 1 -w 0 -d all
+    # Recursive doubling (4 B, 512 B) and the ring (64 KiB), then
+    # float at 256 KiB and 1 MiB (hundreds of frames per link each way). Loss costs TCP
+    # retransmission timeouts (200 ms at least; a 1 MiB allreduce takes seconds), which is why
+    # this is small; every dtype was 36 of these calls and 40 s of the test, and what loss tests
+    # is the transport, the same for every dtype (the dtypes run everywhere else).
+    check_run "allreduce, float, 4 B-64 KiB, 5% loss on host 2's link" 3 "$cluster" run --timeout 60 -- \
+      "$perf" allreduce -b 4 -e 64K -f 128 -n 1 -w 0 -d float
     check_run "allreduce, float, 256 KiB and 1 MiB, 5% loss on host 2's link" 3 "$cluster" run --timeout 45 -- \
       "$perf" allreduce -b 256K -e 1M -f 4 -n 1 -w 0 -d float
     stats=$("$cluster" status | grep "${CLUSTER_NAME}h2:")
