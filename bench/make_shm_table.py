@@ -32,6 +32,7 @@ from make_table import FILE_RE, fmt_time, human, parse_rows  # noqa: E402
 
 LIBS = [  # (key in file names, column title)
     ("ringreduce", "ringreduce"),
+    ("registered", "rr registered"),
     ("ompi", "OpenMPI"),
     ("mpich", "MPICH"),
 ]
@@ -126,7 +127,12 @@ def main():
         counts = ", ".join(f"{t} {runs[n].get(k, 0)}" for k, t in LIBS)
         out.append(f"runs with results: {counts}\n")
         sizes = sorted({sz for k, _ in LIBS for sz in data[n].get(k, {})})
-        head = ["size"] + [t for _, t in LIBS] + ["rr/best MPI", "mem floor", "rr/floor"]
+        # Ratios for ringreduce on ordinary buffers and, where measured, on registered ones
+        # (--buffers registered: Communicator::alloc).
+        ours = [k for k in ("ringreduce", "registered") if data[n].get(k)]
+        tag = {"ringreduce": "rr", "registered": "reg"}
+        head = (["size"] + [t for _, t in LIBS] + [f"{tag[k]}/best MPI" for k in ours] +
+                ["mem floor"] + [f"{tag[k]}/floor" for k in ours])
         out.append("")
         out.append("| " + " | ".join(head) + " |")
         out.append("|" + "|".join(["---:"] * len(head)) + "|")
@@ -146,19 +152,22 @@ def main():
                     cell += f" ({fmt_time(t)})"
                 cells.append(cell + (" !" if bad else ""))
             # busbw ratio, from the times (the printed busbw is rounded to 0 for tiny sizes)
-            trr = best_t.get("ringreduce")
             mpi = [(best_t[k], title) for k, title in LIBS if k in MPIS and k in best_t]
-            if trr and mpi:
-                tm, title = min(mpi)
-                cells.append(f"{tm / trr:.2f} ({title})")
-            else:
-                cells.append("-")
+            for k in ours:
+                trr = best_t.get(k)
+                if trr and mpi:
+                    tm, title = min(mpi)
+                    cells.append(f"{tm / trr:.2f} ({title})")
+                else:
+                    cells.append("-")
             if sz >= a.large and stream_bw:
                 floor_us = 2.0 * sz * n / (stream_bw * 1e9) * 1e6
                 cells.append(fmt_time(floor_us))
-                cells.append(f"{floor_us / trr:.2f}" if trr else "-")
+                for k in ours:
+                    trr = best_t.get(k)
+                    cells.append(f"{floor_us / trr:.2f}" if trr else "-")
             else:
-                cells += ["-", "-"]
+                cells += ["-"] * (1 + len(ours))
             out.append("| " + " | ".join(cells) + " |")
         out.append("")
     if not data:

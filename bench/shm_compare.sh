@@ -4,6 +4,7 @@
 #   ringreduce  build/tools/ringrun -n N build/tools/ringreduce-perf allreduce ...  (default
 #               settings; the in-place columns are used: the issue's reference numbers are in
 #               place. Today every rank pair talks over TCP loopback; issue 3 adds shared memory)
+#   registered  the same with --buffers registered (buffers from Communicator::alloc)
 #   ompi        OpenMPI MPI_Allreduce with its defaults (no --mca restriction: on one host the
 #               ob1 PML over the vader shared-memory BTL, as Debian's 4.1.4 picks), MPI_IN_PLACE:
 #               mpirun --allow-run-as-root --oversubscribe --bind-to core:overload-allowed
@@ -29,7 +30,7 @@
 #     fraction = time_floor / measured_time  (= ringreduce busbw / the busbw at time_floor).
 #
 # usage: bench/shm_compare.sh [-o OUTDIR] [-N "2 4 8"] [-r ROUNDS] [-b MIN] [-e MAX] [-f FACTOR]
-#                             [-l "ringreduce ompi mpich stream"] [-t RUN_TIMEOUT_S]
+#                             [-l "ringreduce registered ompi mpich stream"] [-t RUN_TIMEOUT_S]
 #                             [-B BUILD_DIR] [-x "EXTRA PEER FLAGS"] [-S STREAM_SIZE]
 #                             [-j JOBS] [--no-install] [--no-build]
 #   Defaults: -N "2 4 8" -r 3 -b 4 -e 256M -f 4 -t 600 -B build -S 256M.
@@ -246,6 +247,14 @@ run_lib() {  # run_lib LIB N ROUND
       fi
       run "$name" "$RUN_TIMEOUT" "$ringrun" -n "$n" "$perf" allreduce "${SIZES[@]}" -d float \
         -o sum "${RR_EXTRA[@]}" || true ;;
+    registered)  # the same, on buffers from Communicator::alloc (registered with the host's ranks)
+      local ringrun perf
+      if ! ringrun=$(find_bin ringrun) || ! perf=$(find_bin ringreduce-perf); then
+        say "skip registered: ringrun or ringreduce-perf not built (looked in $BUILD/tools, $BUILD)"
+        return 0
+      fi
+      run "$name" "$RUN_TIMEOUT" "$ringrun" -n "$n" "$perf" allreduce "${SIZES[@]}" -d float \
+        -o sum --buffers registered "${RR_EXTRA[@]}" || true ;;
     ompi)
       if [ ! -x "$PEERS/mpi_allreduce" ] || ! command -v mpirun >/dev/null; then
         say "skip ompi: $PEERS/mpi_allreduce or mpirun missing (apt-get install libopenmpi-dev openmpi-bin)"
