@@ -148,8 +148,9 @@ class RINGREDUCE_API Communicator {
   // `bytes` of memory registered with this host's ranks (NCCL's registered buffers,
   // MPI_Win_allocate_shared). A large allreduce whose input and output lie in such memory on
   // every rank reads and writes the peers' buffers in place instead of staging them
-  // (docs/PERFORMANCE.md: 2.2-4.7x the speed of the same call on other memory, 64 KiB-256 MiB, 2-8
-  // ranks on the development VM); any call may use it, and calls on other memory run as before.
+  // (docs/PERFORMANCE.md: 1.2-4.7x the speed of the same call on other memory from 64 KiB, 2.9x
+  // at 64 MiB with 2 ranks, on the development VM); any call may use it, and calls on other
+  // memory run as before.
   // Page-aligned and zeroed. Unlike ncclMemAlloc's, it belongs to this communicator: valid until
   // free() or the communicator's end, and not registered with communicators split from it. Across
   // hosts (or with RINGREDUCE_SHM=0) it is ordinary memory. A failure (out of memory on some rank)
