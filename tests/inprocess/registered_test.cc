@@ -27,6 +27,7 @@ std::string timeline(const std::string& dir, int r) {
   return s.str();
 }
 
+// A directory of its own for the timelines, removed with what is in it.
 struct TempDir {
   std::string path;
   TempDir() {
@@ -34,7 +35,8 @@ struct TempDir {
     path = mkdtemp(t);
   }
   ~TempDir() {
-    if (!getenv("KEEP")) std::system(("rm -rf " + path).c_str());
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
   }
 };
 

@@ -54,13 +54,14 @@ case "$case_name" in
     ;;
   mixhosts)
     # Two emulated hosts (RINGREDUCE_HOST_ID by rank parity): ranks 0 and 2 share memory, so do 1
-    # and 3, and the hosts talk TCP; the ring is reordered by host. Every collective and dtype,
-    # every op in the allreduce.
+    # and 3, and the hosts talk TCP; the ring is reordered by host. Every collective; every dtype
+    # and op in the allreduce, float in the others (the in-process matrix runs every dtype of
+    # every collective over two emulated hosts).
     for coll in allreduce reduce_scatter allgather broadcast reduce alltoall; do
-      ops=sum
-      [ "$coll" = allreduce ] && ops=all
+      ops=sum dtypes=float
+      [ "$coll" = allreduce ] && ops=all dtypes=all
       out=$(timeout 120 "$ringrun" -n 4 -- sh -c 'RINGREDUCE_HOST_ID=h$((RINGREDUCE_RANK % 2)) exec "$@"' sh \
-            "$perf" "$coll" -b 4 -e 4M -f 32 -n 2 -w 1 -d all -o $ops -r 3 2>&1)
+            "$perf" "$coll" -b 4 -e 4M -f 32 -n 2 -w 1 -d $dtypes -o $ops -r 3 2>&1)
       rc=$?
       if [ $rc -ne 0 ] || ! grep -q "Out of bounds values : 0 OK" <<<"$out"; then
         echo "FAILED: $coll (rc $rc)"; echo "$out" | tail -30; exit 1
