@@ -23,11 +23,11 @@
 #include "algorithms/algorithm.h"
 #include "comm/stall_monitor.h"
 #include "core/config.h"
+#include "core/mapping.h"
 #include "ringreduce/communicator.h"
 #include "ringreduce/store.h"
 #include "transport/engine.h"
 #include "transport/link.h"
-#include "transport/shm/mapping.h"
 #include "tuner/tuner.h"
 
 namespace ringreduce::rendezvous {
@@ -239,7 +239,7 @@ class CommImpl {
     uint32_t region = 0;
     bool in_window = false;  // a window region (the transport owns its mappings)
     bool shared = false;
-    transport::shm::Mapping mapping;  // the private mapping, where there is no window
+    core::Mapping mapping;  // the private mapping, where there is no window
   };
   std::vector<Allocation> allocations_;
   uint32_t next_region_ = 0;

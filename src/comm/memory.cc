@@ -63,7 +63,7 @@ void* CommImpl::alloc(size_t bytes) {
       why = std::string("mmap: ") + std::strerror(errno);
     } else {
       a.p = p;
-      a.mapping = transport::shm::Mapping(p, page_round(bytes));
+      a.mapping = core::Mapping(p, page_round(bytes));
     }
   }
   // The communicator has failed in an allgather: a region not yet committed is used by nobody.

@@ -260,7 +260,7 @@ ShmKind::ShmKind(const ShmOptions& opts, const core::Deadline& deadline) : opts_
   void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, memfd_.get(), 0);
   if (p == MAP_FAILED) throw Error(errstr("mapping the shared-memory segment failed"));
   mine_ = Mapping(p, total);
-  SegmentHeader* h = mine_.header();
+  SegmentHeader* h = mine_.as<SegmentHeader>();
   h->magic = kSegmentMagic;
   h->version = kShmVersion;
   h->owner_rank = opts_.rank;
@@ -542,7 +542,7 @@ void ShmKind::hand_out(const core::Deadline& deadline, const std::function<void(
       if (q != r) others.push_back(q);
     for (size_t at = 0; at < others.size(); at += kTableEntries) {
       TableMsg m;
-      m.membarrier_all = membarrier_all_ && mine_.header()->membarrier_ok != 0 ? 1 : 0;
+      m.membarrier_all = membarrier_all_ && mine_.as<SegmentHeader>()->membarrier_ok != 0 ? 1 : 0;
       std::vector<int> fds;
       for (size_t i = at; i < std::min(others.size(), at + kTableEntries); ++i) {
         const int q = others[i];
@@ -686,7 +686,7 @@ void ShmKind::make_links() {
   if (!board_.sleep) board_ = board_at(segment(local_ranks_[0]).get(), fifo_count_);
   // Every rank of the host decides alike: from the first rank's table, or in the mesh from every
   // peer's segment header.
-  asymmetric_fence_ = mine_.header()->membarrier_ok != 0 && membarrier_all_;
+  asymmetric_fence_ = mine_.as<SegmentHeader>()->membarrier_ok != 0 && membarrier_all_;
   RR_LOG(info, shm, rank, "connected to ", local_ranks_.size() - 1,
          " same-host peers over shared memory",
          through_first_ ? " (through the host's first rank)" : " (every pair connected)",

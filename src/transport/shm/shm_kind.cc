@@ -136,7 +136,7 @@ bool ShmKind::progress_all(bool stage) {
     if (!l->idle() || l->peer_gone()) any |= l->progress(stage);
   // Every lane has a receive posted (p2p.h), but can only move when a peer has published into
   // one (lane_posts), it has sends of its own, a lane moved last pass, or a peer is gone.
-  const uint64_t posts = mine_.header()->lane_posts.load(std::memory_order_acquire);
+  const uint64_t posts = mine_.as<SegmentHeader>()->lane_posts.load(std::memory_order_acquire);
   const bool look = posts != lane_posts_seen_ || lanes_moved_ || gone_count_ > 0;
   lane_posts_seen_ = posts;
   lanes_moved_ = false;
@@ -223,7 +223,7 @@ void ShmKind::handle_events() {
 void ShmKind::throw_if_notice() {
   // A peer is failing the job: fail this op now with its reason rather than at the deadline.
   // A peer that posts a notice counts it in our header: only then are the links read.
-  const uint64_t notices = mine_.header()->notices.load(std::memory_order_acquire);
+  const uint64_t notices = mine_.as<SegmentHeader>()->notices.load(std::memory_order_acquire);
   if (notices == notices_seen_) return;
   for (ShmLink* l : active_)
     if (l->has_notice()) std::rethrow_exception(l->notice());

@@ -15,7 +15,7 @@ ShmLink::ShmLink(ShmKind* owner, int peer, Fifo in, size_t out_index, bool lane)
 void ShmLink::bind_out() {
   const Mapping& seg = owner_->segment(peer_);
   out_ = fifo_at(seg.get(), out_index_);
-  out_header_ = seg.header();
+  out_header_ = seg.as<SegmentHeader>();
 }
 
 const OpTag& ShmLink::tag() const {

@@ -15,10 +15,12 @@
 #include <vector>
 
 #include "core/fd.h"
+#include "core/mapping.h"
 #include "transport/link.h"
-#include "transport/shm/mapping.h"
 
 namespace ringreduce::transport::shm {
+
+using core::Mapping;  // the shared-memory transport's segments and regions
 
 class Regions {
  public:

@@ -1,4 +1,5 @@
-// An mmap'd region, unmapped on destruction.
+// An mmap'd region, unmapped on destruction (RAII, as core::Fd for descriptors): the shared-memory
+// transport's segments and regions, and the communicator's private alloc() memory.
 #pragma once
 
 #include <sys/mman.h>
@@ -6,9 +7,7 @@
 #include <cstddef>
 #include <utility>
 
-#include "transport/shm/shm_layout.h"
-
-namespace ringreduce::transport::shm {
+namespace ringreduce::core {
 
 class Mapping {
  public:
@@ -30,11 +29,15 @@ class Mapping {
   Mapping& operator=(const Mapping&) = delete;
   void* get() const { return p_; }
   size_t size() const { return n_; }
-  SegmentHeader* header() const { return static_cast<SegmentHeader*>(p_); }
+  // The mapping's start as a T (a layout's header).
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
 
  private:
   void* p_ = nullptr;
   size_t n_ = 0;
 };
 
-}  // namespace ringreduce::transport::shm
+}  // namespace ringreduce::core
