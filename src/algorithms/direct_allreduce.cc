@@ -53,6 +53,7 @@
 
 #include "algorithms/algorithm.h"
 #include "algorithms/flat_window.h"
+#include "algorithms/peer_wait.h"
 #include "algorithms/ring_schedule.h"
 #include "reduce/reduce.h"
 
@@ -161,22 +162,13 @@ void direct_allreduce(Context& ctx, const Args& a) {
   // Waits until every peer has stamped staged(g), checking that it did so in this call.
   auto wait_staged = [&](uint64_t g) {
     const size_t b = g % 2;
-    int next = 0;  // peers below have staged
-    auto all = [&] {
-      for (; next < n; ++next) {
-        if (next == r) continue;
-        const Header h = header(next);
+    wait_all_peers(ctx, w, [&](int q) {
+      return [&w, q, g, fp, h = header(q), b] {
         if (h.staged(b).load(std::memory_order_acquire) != g + 1) return false;
-        if (h.fingerprint(b).load(std::memory_order_relaxed) != fp) w.mismatch(next);
-      }
-      return true;
-    };
-    // Blame, on a timeout, the first rank that has not staged.
-    while (!all()) {
-      const int q = next;
-      auto one = [&] { return header(q).staged(b).load(std::memory_order_acquire) == g + 1; };
-      w.wait(one, q, ctx.deadline);
-    }
+        if (h.fingerprint(b).load(std::memory_order_relaxed) != fp) w.mismatch(q);
+        return true;
+      };
+    });
   };
 
   auto reduce_own = [&](size_t k) {
@@ -224,8 +216,12 @@ void direct_allreduce(Context& ctx, const Args& a) {
       return left == 0;
     };
     while (!copy_ready()) {
-      int q = (r + 1) % n;  // blame, on a timeout, the first peer not yet copied
+      // Blame, on a timeout, the first peer not yet copied; while ranks outnumber cores, one
+      // that needs this core (the window then gives it up at once, see peer_wait.h).
+      int q = (r + 1) % n;
       while (copied[static_cast<size_t>(q)]) q = (q + 1) % n;
+      for (int i = 0; i < n && !w.shares_core(q); ++i)
+        if (!copied[static_cast<size_t>(i)] && w.shares_core(i)) q = i;
       auto any = [&] {
         for (int i = 0; i < n; ++i)
           if (!copied[static_cast<size_t>(i)] &&

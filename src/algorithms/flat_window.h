@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "algorithms/algorithm.h"
+#include "algorithms/peer_wait.h"
 #include "algorithms/window_areas.h"
 
 namespace ringreduce::algorithms::flat {
@@ -62,34 +63,16 @@ inline void publish(Context& ctx, transport::Window& w, const void* src, size_t 
   w.notify();
 }
 
-// Waits until rank q has stamped this op's area; a MismatchError if q did so in another call.
-inline void wait_for(Context& ctx, transport::Window& w, int q) {
-  const Area a = area(w, q, ctx.rank, ctx.seq);
-  auto stamped = [&] {
-    if (a.stamp().load(std::memory_order_acquire) != ctx.seq) return false;
-    if (a.fingerprint().load(std::memory_order_relaxed) != w.fingerprint()) w.mismatch(q);
-    return true;
-  };
-  w.wait(stamped, q, ctx.deadline);
-}
-
-// Waits until every peer has stamped this op's area (then every peer has begun this op).
+// Waits until every peer has stamped this op's area (then every peer has begun this op); a
+// MismatchError if one did so in another call.
 inline void wait_for_all(Context& ctx, transport::Window& w) {
-  int next = 0;  // peers below have stamped: they are not looked at again
-  auto all_stamped = [&] {
-    for (; next < ctx.size; ++next) {
-      if (next == ctx.rank) continue;
-      const Area a = area(w, next, ctx.rank, ctx.seq);
-      if (a.stamp().load(std::memory_order_acquire) != ctx.seq) return false;
-      if (a.fingerprint().load(std::memory_order_relaxed) != w.fingerprint()) w.mismatch(next);
-    }
-    return true;
-  };
-  // Blame, on a timeout, the first rank that has not stamped.
-  while (!all_stamped()) {
-    const int q = next;
-    wait_for(ctx, w, q);
-  }
+  wait_all_peers(ctx, w, [&](int q) {
+    return [&w, q, seq = ctx.seq, a = area(w, q, ctx.rank, ctx.seq)] {
+      if (a.stamp().load(std::memory_order_acquire) != seq) return false;
+      if (a.fingerprint().load(std::memory_order_relaxed) != w.fingerprint()) w.mismatch(q);
+      return true;
+    };
+  });
   w.note_all_reached(ctx.seq);
 }
 

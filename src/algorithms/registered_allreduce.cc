@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "algorithms/algorithm.h"
+#include "algorithms/peer_wait.h"
 #include "algorithms/ring_schedule.h"
 #include "algorithms/window_areas.h"
 #include "reduce/reduce.h"
@@ -104,24 +105,15 @@ void registered_allreduce(Context& ctx, const Args& a) {
   mine.field(b, 4).store(out.offset, std::memory_order_relaxed);
   mine.ready(b).store(g + 1, std::memory_order_release);
   w.notify();
-  // Waits until every peer has stamped `stamp` of set b with g + 1, blaming on a timeout the
-  // first that has not.
+  // Waits until every peer has stamped `stamp` of set b with g + 1.
   auto wait_all = [&](std::atomic_ref<uint64_t> (Stamps::*stamp)(size_t) const, bool check_fp) {
-    int next = 0;  // peers below have stamped
-    auto all = [&] {
-      for (; next < n; ++next) {
-        if (next == r) continue;
-        const Stamps h = stamps(next);
+    wait_all_peers(ctx, w, [&](int q) {
+      return [&w, q, g, fp, h = stamps(q), b, stamp, check_fp] {
         if ((h.*stamp)(b).load(std::memory_order_acquire) != g + 1) return false;
-        if (check_fp && h.field(b, 0).load(std::memory_order_relaxed) != fp) w.mismatch(next);
-      }
-      return true;
-    };
-    while (!all()) {
-      const int q = next;
-      auto one = [&] { return (stamps(q).*stamp)(b).load(std::memory_order_acquire) == g + 1; };
-      w.wait(one, q, ctx.deadline);
-    }
+        if (check_fp && h.field(b, 0).load(std::memory_order_relaxed) != fp) w.mismatch(q);
+        return true;
+      };
+    });
   };
   wait_all(&Stamps::ready, true);
   mine.calls() = g + 1;

@@ -152,6 +152,10 @@ class Window {
   // Returns once ready() is true. ready() is called often and must be cheap; it may throw
   // (a MismatchError it found). `waiting_for` names the rank to blame on a timeout.
   virtual void wait(ReadyFn ready, int waiting_for, const core::Deadline& deadline) = 0;
+  // When ranks outnumber cores: whether `rank` last ran on this rank's core (true when not
+  // known). Of several peers it waits for, an algorithm waits first for those that need this
+  // core; wait() gives its core up at once for them, and watches a while for the others.
+  virtual bool shares_core(int rank) = 0;
   // A 64-bit digest of the current op's tag: algorithms store it beside their stamps, so that a
   // reader that finds another digest knows the writer is in another call.
   virtual uint64_t fingerprint() const = 0;

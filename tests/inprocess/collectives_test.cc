@@ -16,6 +16,8 @@
 // {1, 2, 3, 4} (Striped: 2, 3; three hosts: N = 6), the allreduce matrix's large count at 256K+3
 // instead of 1M+3, and the large counts (256K+3, 64K+3, 1001 with 8-byte segments) for one op per
 // dtype instead of every dtype x op pair.
+#include <sched.h>
+
 #include <map>
 #include <mutex>
 
@@ -151,6 +153,52 @@ INSTANTIATE_TEST_SUITE_P(Ranks, OneHost,
                          ::testing::ValuesIn(ranks_in_matrix({1, 2, 3, 4, 5, 6, 7, 8, 9},
                                                              {1, 2, 3, 4})),
                          [](const auto& info) { return "shm_N" + std::to_string(info.param); });
+
+// Ranks pinned two to a core, as ringrun places them when ranks outnumber cores: the window
+// algorithms wait first for a peer that needs their core and watch a while for one on another
+// (peer_wait.h). Results stay exact, and a rank whose call differs is named on every rank, also
+// by a rank that waited for a peer of its own core first.
+TEST(Crowded, RanksPinnedTwoToACoreGetExactResultsAndMismatches) {
+  cpu_set_t usable;
+  ASSERT_EQ(0, sched_getaffinity(0, sizeof usable, &usable));
+  std::vector<int> cores;
+  for (int c = 0; c < CPU_SETSIZE && cores.size() < 2; ++c)
+    if (CPU_ISSET(c, &usable)) cores.push_back(c);
+  const int n = 4;
+  Expected expected;
+  for (const char* algo : {"flat", "direct"})
+    run_ranks(
+        n,
+        [&](Communicator& comm) {
+          cpu_set_t one;
+          CPU_ZERO(&one);
+          CPU_SET(cores[static_cast<size_t>(comm.rank()) % cores.size()], &one);
+          ASSERT_EQ(0, sched_setaffinity(0, sizeof one, &one));  // this thread only
+          for (int rep = 0; rep < 20; ++rep)
+            for (size_t count : {size_t{1}, size_t{7}, size_t{1001}, size_t{70001}})
+              for (DataType t : {DataType::f32, DataType::i64})
+                for (ReduceOp op : {ReduceOp::sum, ReduceOp::max})
+                  for (bool in_place : {false, true}) {
+                    const size_t bytes = count * ringreduce::dtype_size(t);
+                    auto in = make_input(comm.rank(), count, t, op);
+                    std::vector<char> out(bytes);
+                    void* dst = in_place ? in.data() : out.data();
+                    comm.allreduce(in.data(), dst, count, t, op);
+                    ASSERT_EQ(0, std::memcmp(dst, expected.get(n, count, t, op).data(), bytes))
+                        << algo << " count " << count << " rank " << comm.rank();
+                  }
+          // Rank 2 shares rank 0's core.
+          std::vector<float> a(1002, 1.0f);
+          try {
+            comm.allreduce(a.data(), a.data(), comm.rank() == 2 ? 1002 : 1001, DataType::f32,
+                           ReduceOp::sum);
+            ADD_FAILURE() << algo << ": rank " << comm.rank() << " saw no error";
+          } catch (const ringreduce::MismatchError& e) {
+            EXPECT_NE(std::string(e.what()).find("rank 2"), std::string::npos) << e.what();
+          }
+        },
+        {{"RINGREDUCE_ALGO", std::string("allreduce:") + algo}}, std::chrono::seconds(20));
+}
 
 TEST_P(Matrix, AllreduceHierarchicalEveryDtypeOpCountPlacement) {
   // Two levels on "mix" (two emulated hosts) when N is even; otherwise, and on one host, it is

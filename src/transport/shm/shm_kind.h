@@ -154,6 +154,9 @@ class ShmKind final : public LinkKind {
     }
     void notify() override;
     void wait(ReadyFn ready, int waiting_for, const core::Deadline& deadline) override;
+    bool shares_core(int rank) override {
+      return t_->opts_.oversubscribed && t_->is_local(rank) && t_->shares_core(rank);
+    }
     uint64_t fingerprint() const override { return t_->fingerprint_; }
     [[noreturn]] void mismatch(int rank) override;
     void wait_all_reached(uint64_t seq, const core::Deadline& deadline) override;
@@ -249,6 +252,10 @@ class ShmKind final : public LinkKind {
   }
   BoardLine& sleep_line(int rank) { return board_.sleep[local(rank)]; }
   OpLine& op_line(int rank) { return board_.ops[local(rank)]; }
+  bool is_local(int rank) const { return local_index_[static_cast<size_t>(rank)] >= 0; }
+  // Whether rank q last began an op on this rank's core (or either is not known).
+  bool shares_core(int q);
+  int core_ = -1;              // where this rank last began an op, when ranks outnumber cores
   std::vector<uint8_t> ring_;  // by rank: owed a wake-up at the end of this pass
   std::vector<int> ringing_;   // the ranks marked in ring_
   OpTag tag_;

@@ -117,6 +117,9 @@ struct alignas(64) BoardLine {
   // Set by its rank when its communicator is destroyed: its process may live on (another
   // communicator, or ranks that are threads), so no pidfd or socket says so.
   std::atomic<uint32_t> closed;
+  // When ranks outnumber cores: the core its rank last began an op on, plus one (0: not known).
+  // A peer waiting for this rank gives up its core at once only if they share it.
+  std::atomic<uint32_t> core;
 };
 static_assert(sizeof(BoardLine) == 64);
 
