@@ -315,11 +315,18 @@ double seconds(Clock::duration d) {
 Result measure(Bench& b, bool in_place) {
   Communicator& comm = b.comm;
   Result res;
-  // The first call of this size, every rank starting together: the second barrier finds every
-  // rank awake (ranks that waited long in the first may have slept, and their wake-up would be
-  // counted as the call's).
+  // The first call of this size, every rank starting together and awake. A rank that waited
+  // long in a barrier (while rank 0 printed the last row) has slept, and waking it can take
+  // longer than a waiter spins before sleeping itself (tens to hundreds of us on a VM): a second
+  // barrier then only moved the sleep to the other rank, and the first call paid for its wake-up
+  // (out of place 3-390 us at N = 2, median 0.4). So barriers until one takes every rank under
+  // 20 us (at most 10; with ranks crowding a core a barrier may never be that quick).
   comm.barrier();
-  comm.barrier();
+  for (int i = 0; i < 10; ++i) {
+    const auto t = Clock::now();
+    comm.barrier();
+    if (max_over_ranks(comm, seconds(Clock::now() - t)) < 20e-6) break;
+  }
   const auto start = Clock::now();
   b.run(in_place);
   double first = seconds(Clock::now() - start);
