@@ -129,8 +129,8 @@ int main(int argc, char** argv) {
     double yields = 0;
     if (cpus.size() >= 2) {
       const double us = exchange(cpus[0], cpus[1], iters, false, &yields);
-      std::printf("floor cross-core cpus=%d,%d iters=%ld us_per_op=%.3f\n", cpus[0], cpus[1],
-                  iters, us);
+      std::printf("floor cross-core cpus=%d,%d iters=%ld us_per_op=%.3f\n", cpus[0], cpus[1], iters,
+                  us);
     } else {
       std::printf("floor cross-core skipped: one usable cpu\n");
     }
