@@ -278,8 +278,7 @@ void ShmKind::ShmWindow::wait(ReadyFn ready, int waiting_for, const core::Deadli
   // for a peer that last ran on another core (a while longer: it may be waiting for its core's
   // turn); one that last ran on ours needs this very core, and the engine's loop yields it.
   const int spins = !t_->opts_.oversubscribed ? kPreSpin
-                    : waiting_for >= 0 && waiting_for != t_->opts_.rank &&
-                            t_->is_local(waiting_for) && !t_->shares_core(waiting_for)
+                    : waiting_for >= 0 && waiting_for != t_->opts_.rank && !shares_core(waiting_for)
                         ? kCrowdedSpin
                         : 0;
   for (int i = 0; i < spins; ++i) {

@@ -154,8 +154,9 @@ class ShmKind final : public LinkKind {
     }
     void notify() override;
     void wait(ReadyFn ready, int waiting_for, const core::Deadline& deadline) override;
+    // A window exists only when every rank is on this host (window()), so every rank is local.
     bool shares_core(int rank) override {
-      return t_->opts_.oversubscribed && t_->is_local(rank) && t_->shares_core(rank);
+      return t_->opts_.oversubscribed && t_->shares_core(rank);
     }
     uint64_t fingerprint() const override { return t_->fingerprint_; }
     [[noreturn]] void mismatch(int rank) override;
@@ -255,12 +256,12 @@ class ShmKind final : public LinkKind {
   bool is_local(int rank) const { return local_index_[static_cast<size_t>(rank)] >= 0; }
   // Whether rank q last began an op on this rank's core (or either is not known).
   bool shares_core(int q);
-  int core_ = -1;              // where this rank last began an op, when ranks outnumber cores
   std::vector<uint8_t> ring_;  // by rank: owed a wake-up at the end of this pass
   std::vector<int> ringing_;   // the ranks marked in ring_
   OpTag tag_;
   uint64_t fingerprint_ = 0;
   bool stream_output_ = false;
+  int core_ = -1;  // where this rank last began an op, when ranks outnumber cores
   char* mine_window_ = nullptr;
   // Whether creation touches the pages ops use, so that an op's first call does not fault them
   // in (10-20 us a page on some VMs: 17 ms for a 1 MiB allreduce's first call at N = 4, against
