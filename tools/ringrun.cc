@@ -17,7 +17,9 @@
 //    rendezvous/tcp_store_client.cc). Each ringrun knows only its own ranks: a failure on one
 //    node ends the others' ranks through the library (a lost peer, the store gone), not through
 //    ringrun.
-// The options and the usage text are in ringrun_args.{h,cc}.
+// The options and the usage text are in ringrun_args.{h,cc}; the ranks' output (the lines with
+// their prefix) in ringrun_output.{h,cc}; what a rank's process gets (the program found, its
+// environment and core, the child's set-up before exec) in ringrun_exec.{h,cc}.
 //
 // Invariants the rest of this file keeps:
 //  * Every rank's stdout and stderr come back through a pipe and leave ringrun one whole line at
@@ -63,15 +65,30 @@
 #include "core/fd.h"
 #include "rendezvous/tcp_store.h"
 #include "ringrun_args.h"
+#include "ringrun_exec.h"
+#include "ringrun_output.h"
 #include "tool_version.h"
-
-extern char** environ;
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
 using ringrun::Args;
+using ringrun::exec_child;
+using ringrun::ExecPlan;
+using ringrun::g_err;
+using ringrun::g_out;
+using ringrun::inherited_environment;
+using ringrun::make_pipe;
+using ringrun::Pump;
+using ringrun::pump;
+using ringrun::rank_list;
+using ringrun::resolve_program;
+using ringrun::say;
+using ringrun::signal_name;
+using ringrun::Stream;
+using ringrun::torch_master_port;
+using ringrun::usable_cores;
 
 // How long ranks get between SIGTERM and SIGKILL when ringrun tears the job down.
 constexpr auto kGrace = std::chrono::seconds(3);
@@ -81,80 +98,6 @@ constexpr auto kKillWait = std::chrono::seconds(10);
 // How long to keep forwarding output after every rank exited: descendants that escaped the
 // process groups (setsid) could otherwise hold a pipe open forever.
 constexpr auto kDrainWait = std::chrono::seconds(1);
-constexpr size_t kReadChunk = 64 * 1024;
-// A "line" longer than this is emitted in pieces, each with its prefix, so memory stays bounded
-// whatever a rank writes.
-constexpr size_t kMaxLine = 64 * 1024;
-
-// A pipe whose ends are close-on-exec: a rank must hold no end but its own, or another rank's
-// stdout would never reach EOF.
-void make_pipe(ringreduce::core::Fd* read_end, ringreduce::core::Fd* write_end) {
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0)
-    throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
-  *read_end = ringreduce::core::Fd(fds[0]);
-  *write_end = ringreduce::core::Fd(fds[1]);
-}
-
-// ringrun's own stdout or stderr. Writes block until done: the consumer's pace is the job's pace.
-// A consumer that went away (EPIPE) just stops receiving output; the job is not disturbed.
-class Sink {
- public:
-  explicit Sink(int fd) : fd_(fd) {}
-  void write(std::string_view data) {
-    while (!data.empty() && !broken_) {
-      ssize_t n = ::write(fd_, data.data(), data.size());
-      if (n > 0) {
-        data.remove_prefix(static_cast<size_t>(n));
-      } else if (n < 0 && errno == EINTR) {
-        continue;
-      } else if (n < 0 && errno == EAGAIN) {
-        // Someone made the shared file description non-blocking; wait for room instead.
-        pollfd p{fd_, POLLOUT, 0};
-        ::poll(&p, 1, -1);
-      } else {
-        broken_ = true;
-      }
-    }
-  }
-
- private:
-  int fd_;
-  bool broken_ = false;
-};
-
-Sink g_out(STDOUT_FILENO);
-Sink g_err(STDERR_FILENO);
-
-void say(const std::string& message) {
-  g_err.write("ringrun: " + message + "\n");
-}
-
-// "0-3,5,7-8": a compact list of ranks, which matters with 1024 of them.
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string s;
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    if (!s.empty()) s += ',';
-    s += std::to_string(ranks[i]);
-    if (j > i) s += '-' + std::to_string(ranks[j]);
-    i = j + 1;
-  }
-  return s;
-}
-
-std::string signal_name(int sig) {
-  const char* abbrev = ::sigabbrev_np(sig);
-  return abbrev != nullptr ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
-}
-
-// One of a rank's two output streams: the pipe's read end and the partial line not yet emitted.
-struct Stream {
-  ringreduce::core::Fd fd;
-  std::string pending;
-  Sink* sink = nullptr;
-};
 
 struct Rank {
   int index = 0;         // local rank: where it is in ranks_, which core it gets
@@ -163,40 +106,6 @@ struct Rank {
   bool running = false;  // forked and not yet seen exiting
   Stream out, err;
 };
-
-enum class Pump { more, drained, eof };
-
-// Reads once from a stream and emits every whole line with its prefix in a single write. Reads
-// go through one shared buffer and only a partial line stays with the stream, so 2048 mostly idle
-// streams cost next to nothing.
-Pump pump(Stream& s, const std::string& prefix) {
-  static char buf[kReadChunk];
-  ssize_t n = ::read(s.fd.get(), buf, sizeof(buf));
-  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return Pump::drained;
-  bool eof = n <= 0;  // 0: EOF; other errors: treat the stream as gone
-  std::string_view data(buf, eof ? 0 : static_cast<size_t>(n));
-
-  std::string batch;
-  for (size_t nl = data.find('\n'); nl != std::string_view::npos; nl = data.find('\n')) {
-    batch.append(prefix).append(s.pending).append(data.substr(0, nl + 1));
-    s.pending.clear();
-    data.remove_prefix(nl + 1);
-  }
-  s.pending.append(data);
-  if ((eof && !s.pending.empty()) || s.pending.size() >= kMaxLine) {
-    // A last line without newline, or a runaway one: emit it as a line of its own so that the
-    // next line of any rank still starts at the beginning of a line.
-    batch.append(prefix).append(s.pending).push_back('\n');
-    s.pending.clear();
-  }
-  if (s.pending.empty() && s.pending.capacity() > 4096) std::string().swap(s.pending);
-  if (!batch.empty()) s.sink->write(batch);
-  if (eof) {
-    s.fd.reset();
-    return Pump::eof;
-  }
-  return Pump::more;
-}
 
 // Parses the command line (ringrun_args.cc); returns the arguments, or an exit status: 0 after
 // --help or --version, 2 after a usage error.
@@ -219,164 +128,6 @@ std::optional<Args> parse_args(int argc, char** argv, int* status) {
   g_err.write("ringrun: " + p.error + "\n" + ringrun::kUsage);
   *status = 2;
   return std::nullopt;
-}
-
-// Finds the program the way execvp would, but before any fork: the answer can then be reported
-// clearly and once, and the child needs only execve (execvp is not async-signal-safe).
-// Returns the path, or sets *status to 127 (not found) / 126 (not executable) and explains.
-std::optional<std::string> resolve_program(const std::string& program, int* status) {
-  auto usable = [](const std::string& path, int* err) {
-    struct stat st;
-    if (::stat(path.c_str(), &st) != 0) {
-      *err = errno;
-      return false;
-    }
-    if (!S_ISREG(st.st_mode)) {
-      *err = EACCES;
-      return false;
-    }
-    if (::access(path.c_str(), X_OK) != 0) {
-      *err = errno;
-      return false;
-    }
-    return true;
-  };
-  int err = ENOENT;
-  if (program.find('/') != std::string::npos) {
-    if (usable(program, &err)) return program;
-  } else {
-    // The default search path is glibc's, used when PATH is unset.
-    std::string path = ringreduce::core::env("PATH").value_or("/bin:/usr/bin");
-    bool denied = false;
-    size_t start = 0;
-    for (;;) {
-      size_t colon = path.find(':', start);
-      std::string dir = path.substr(start, colon == std::string::npos ? colon : colon - start);
-      std::string candidate = (dir.empty() ? "." : dir) + "/" + program;
-      int e = 0;
-      if (usable(candidate, &e)) return candidate;
-      denied = denied || e == EACCES;
-      if (colon == std::string::npos) break;
-      start = colon + 1;
-    }
-    err = denied ? EACCES : ENOENT;
-    if (err == ENOENT) {
-      say("program '" + program + "' not found in PATH");
-      *status = 127;
-      return std::nullopt;
-    }
-  }
-  say("cannot execute '" + program + "': " + std::strerror(err));
-  *status = err == ENOENT ? 127 : 126;
-  return std::nullopt;
-}
-
-// Every variable ringrun sets; inherited copies are dropped so the ranks see exactly one of each.
-// The last ones are torchrun's set, so that torch.distributed.init_process_group() (any
-// backend) works under ringrun as under torchrun; a MASTER_PORT the user set is passed on.
-const char* const kOwnVariables[] = {
-    "RINGREDUCE_RANK",
-    "RINGREDUCE_WORLD_SIZE",
-    "RINGREDUCE_LOCAL_RANK",
-    "RINGREDUCE_LOCAL_SIZE",
-    "RINGREDUCE_ADDR",
-    "RINGREDUCE_STORE_SERVER",
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-};
-
-// A port for torch's store (MASTER_PORT), which rank 0's torch.distributed binds itself on
-// MASTER_ADDR, so it cannot be the port of ringrun's store. A MASTER_PORT the user set is passed
-// on (over several nodes, the user sets the same one on each).
-// With --master, every node must arrive at the same port without asking the others: the one next
-// to the store's (above it, or below 65535). Alone: one the kernel hands out for port 0 and we
-// release at once. Unlike ringrun's own store port, another process could take either in between;
-// a user who cannot have that sets MASTER_PORT.
-int torch_master_port(const Args& args) {
-  if (const char* p = std::getenv("MASTER_PORT"); p != nullptr && *p != '\0') return std::atoi(p);
-  if (args.master) return args.master_port < 65535 ? args.master_port + 1 : args.master_port - 1;
-  ringreduce::core::Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  if (!fd.valid() || ::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len) != 0)
-    throw std::runtime_error(std::string("choosing MASTER_PORT: ") + std::strerror(errno));
-  return ntohs(a.sin_port);
-}
-
-std::vector<std::string> inherited_environment() {
-  std::vector<std::string> out;
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
-    std::string_view entry(*e);
-    std::string_view name = entry.substr(0, entry.find('='));
-    bool own = false;
-    for (const char* v : kOwnVariables) own = own || name == v;
-    if (!own) out.emplace_back(entry);
-  }
-  return out;
-}
-
-// The cores ringrun may run on (its own affinity mask), in order.
-std::vector<int> usable_cores() {
-  cpu_set_t set;
-  std::vector<int> out;
-  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return out;
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &set)) out.push_back(c);
-  return out;
-}
-
-// What a freshly forked child needs, prepared before fork: between fork and exec the child of a
-// multi-threaded process (the store serves from a thread) may only make async-signal-safe calls.
-struct ExecPlan {
-  const char* path;
-  char* const* argv;
-  pid_t parent;
-  int nice;                  // ringrun's original nice value, restored in the rank
-  sigset_t mask;             // ringrun's original signal mask, restored in the rank
-  struct sigaction sigpipe;  // original dispositions ringrun changed
-  struct sigaction sigchld;
-  rlimit nofile;  // original RLIMIT_NOFILE, which ringrun may have raised
-  bool bind;
-  cpu_set_t cpus;  // this rank's core when bind is set
-  int stdin_fd, stdout_fd, stderr_fd, error_fd;
-};
-
-[[noreturn]] void exec_child(const ExecPlan& p, char* const* envp) {
-  int err = 0;
-  // Own process group: ringrun can signal the rank with everything it starts, and Ctrl-C at a
-  // terminal reaches ringrun alone, which decides what the ranks get.
-  if (::setpgid(0, 0) != 0) err = errno;
-  // If ringrun dies, even by SIGKILL, the rank goes too. The check after catches a ringrun that
-  // died before the prctl took effect.
-  if (err == 0 && ::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) err = errno;
-  if (err == 0 && ::getppid() != p.parent) ::_exit(127);
-  if (err == 0 && (::dup2(p.stdin_fd, STDIN_FILENO) < 0 || ::dup2(p.stdout_fd, STDOUT_FILENO) < 0 ||
-                   ::dup2(p.stderr_fd, STDERR_FILENO) < 0))
-    err = errno;
-  if (err == 0) {
-    ::sigaction(SIGPIPE, &p.sigpipe, nullptr);
-    ::sigaction(SIGCHLD, &p.sigchld, nullptr);
-    ::setrlimit(RLIMIT_NOFILE, &p.nofile);
-    ::setpriority(PRIO_PROCESS, 0, p.nice);  // raising a nice value is always allowed
-    if (p.bind) ::sched_setaffinity(0, sizeof(p.cpus), &p.cpus);  // best effort
-    // Descriptors ringrun did not open close-on-exec (the store's, or inherited ones) must not
-    // leak into the ranks; the error pipe stays usable until execve succeeds. Old kernels lack
-    // close_range; then O_CLOEXEC on our own descriptors is what we rely on.
-    ::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
-    ::sigprocmask(SIG_SETMASK, &p.mask, nullptr);
-    ::execve(p.path, p.argv, envp);
-    err = errno;
-  }
-  ssize_t ignored = ::write(p.error_fd, &err, sizeof(err));
-  (void)ignored;
-  ::_exit(127);
 }
 
 class Launcher {
