@@ -15,6 +15,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 
@@ -25,13 +26,19 @@
 namespace ringreduce::transport::shm {
 namespace {
 
-// Polls of a window wait before the engine's loop: ~2-4 us of pause instructions.
-constexpr int kPreSpin = 256;
-// When ranks outnumber cores, polls for a peer that last ran on another core before yielding:
-// ~10 us, a little over one process switch on this project's VM (6 us). At 4 ranks on 2 cores a
-// 4 B allreduce took 9.3-9.5 us with none, 7.1-7.4 with 128, 7.1-7.2 with 512 and 6.7-7.3 with
-// 2048 (two rounds each; 8 ranks: 33.3, 32.4-34.7, 29.5-30.5, 29.3-30.9).
-constexpr int kCrowdedSpin = 512;
+// How long a window wait polls before the engine's loop, in time: a pause instruction takes
+// ~20 ns on one of this project's VMs' CPUs, 27 ns on another (AMD Zen 3, where the 256 pauses
+// this was once counted in came to 7 us instead of 3) and ~140 cycles on Intel's since Skylake,
+// so a count of pauses is a different wait on every CPU.
+constexpr auto kPreSpin = std::chrono::microseconds(3);
+// When ranks outnumber cores, how long to poll for a peer that last ran on another core before
+// yielding: a little over one process switch on the VM it was measured on (6 us). There, at 4
+// ranks on 2 cores a 4 B allreduce took 9.3-9.5 us with no poll, 7.1-7.4 with ~2.5 us, 7.1-7.2
+// with ~10 us and 6.7-7.3 with ~40 us (two rounds each; 8 ranks: 33.3, 32.4-34.7, 29.5-30.5,
+// 29.3-30.9).
+constexpr auto kCrowdedSpin = std::chrono::microseconds(10);
+// Pauses between two clock reads while polling (a read is ~25 ns, a pause 20-50).
+constexpr int kPausesPerClockRead = 16;
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -277,13 +284,24 @@ void ShmKind::ShmWindow::wait(ReadyFn ready, int waiting_for, const core::Deadli
   // alone first, without the engine's checks and clock reads. When ranks outnumber cores, only
   // for a peer that last ran on another core (a while longer: it may be waiting for its core's
   // turn); one that last ran on ours needs this very core, and the engine's loop yields it.
-  const int spins = !t_->opts_.oversubscribed ? kPreSpin
-                    : waiting_for >= 0 && waiting_for != t_->opts_.rank && !shares_core(waiting_for)
-                        ? kCrowdedSpin
-                        : 0;
-  for (int i = 0; i < spins; ++i) {
-    cpu_relax();
-    if (ready()) return;
+  const core::Clock::duration spin =
+      !t_->opts_.oversubscribed ? kPreSpin
+      : waiting_for >= 0 && waiting_for != t_->opts_.rank && !shares_core(waiting_for)
+          ? kCrowdedSpin
+          : core::Clock::duration::zero();
+  if (spin > core::Clock::duration::zero()) {
+    // The clock is first read after a batch of polls: most waits end within it, and a read on
+    // entry cost a 4 B allreduce at N = 2 a tenth of its time (0.36 -> 0.40 us).
+    auto poll_batch = [&] {
+      for (int i = 0; i < kPausesPerClockRead; ++i) {
+        cpu_relax();
+        if (ready()) return true;
+      }
+      return false;
+    };
+    if (poll_batch()) return;
+    for (const auto until = core::Clock::now() + spin; core::Clock::now() < until;)
+      if (poll_batch()) return;
   }
   bool moved = false;
   auto poll = [&] {
