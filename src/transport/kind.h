@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <string>
@@ -39,9 +40,12 @@ struct LinkCost {
 // What a kind offers, for the tuner and the algorithms' context: the communicator takes the traits
 // of its slowest kind (the last in the table among those it uses), since every ring crosses it.
 struct KindTraits {
-  std::string name;            // "shm", "tcp": the tuner's and the tuning file's name for it
-  size_t segment_bytes = 0;    // what one message of a pipelined schedule should carry
-  bool sliced = false;         // ring schedules go slice by slice (algorithms/ring_phases.h)
+  std::string name;          // "shm", "tcp": the tuner's and the tuning file's name for it
+  size_t segment_bytes = 0;  // what one message of a pipelined schedule should carry
+  bool sliced = false;       // ring schedules go slice by slice (algorithms/ring_phases.h)
+  // Where not at every size: slice by slice from this many bytes per ring step (an allreduce's
+  // chunk, K / N), step by step below.
+  size_t sliced_from_step_bytes = SIZE_MAX;
   bool stream_output = false;  // large out-of-place outputs pay to be written with streaming stores
   LinkCost costs;              // until the start-up probe measures them
 };

@@ -153,6 +153,29 @@ TEST(Tuner, ForcedAlgorithmWinsOverTheModel) {
   EXPECT_EQ(pick(t, 4, Collective::broadcast), "binomial");
 }
 
+// Shared memory posts ring schedules slice by slice at every size; TCP once a ring step's chunk
+// (an allreduce's K / N) reaches 2 MiB, so that a forward leaves while its chunk is in cache.
+TEST(Tuner, TcpSlicesRingSchedulesFromTwoMiBSteps) {
+  auto plan = [](const Tuner& t, size_t bytes) {
+    Args a;
+    a.kind = Collective::allreduce;
+    a.count = bytes / 4;
+    a.dtype = DataType::f32;
+    return t.choose(a);
+  };
+  for (int n : {2, 4, 8}) {
+    auto shm = with(n, true, shm4());
+    EXPECT_TRUE(plan(shm, 4).sliced) << n;
+    EXPECT_TRUE(plan(shm, 256 << 20).sliced) << n;
+    auto tcp = with(n, false, tcp_defaults());
+    const size_t threshold = static_cast<size_t>(n) * (2 << 20);
+    EXPECT_FALSE(plan(tcp, 4).sliced) << n;
+    EXPECT_FALSE(plan(tcp, threshold - static_cast<size_t>(4 * n)).sliced) << n;
+    EXPECT_TRUE(plan(tcp, threshold).sliced) << n;
+    EXPECT_TRUE(plan(tcp, 256 << 20).sliced) << n;
+  }
+}
+
 TEST(Tuner, BroadcastAndReduceBinomialSmallChainLarge) {
   for (int n : {4, 8}) {
     auto t = with(n, false, tcp_defaults());

@@ -23,6 +23,16 @@ KindTraits TcpKind::static_traits() {
   // 1-8 MiB allreduces into quarter steps (64-256 KiB) lost 10-45% against whole 512 KiB segments
   // (docs/PERFORMANCE.md); above, 512 KiB pipelines as well as 2 MiB.
   t.segment_bytes = 512 << 10;
+  // Ring schedules slice by slice once a step's chunk outgrows L2 (1 MiB here): step by step,
+  // a rank's first sends run ahead of its forwards, so by the time a forward leaves, the chunk it
+  // reduced has left the cache and the kernel's send copy reads it back from DRAM; slice by
+  // slice, each slice is sent on right after it is reduced. Forced ring over loopback, 6
+  // interleaved rounds, busbw GB/s, best (median), step by step -> slice by slice: N = 2 4 MiB
+  // 1.93 (1.45) -> 2.60 (1.74), 16 MiB 1.60 (1.47) -> 2.69 (2.46), 256 MiB 1.75 (1.65) -> 2.63
+  // (2.44); N = 4 16 MiB 0.87 (0.74) -> 1.38 (1.07); but N = 4 4 MiB (1 MiB chunks) 0.93 (0.85)
+  // -> 0.75 (0.70) and N = 8 4 MiB 0.37-0.47 -> 0.32-0.43: below the threshold the first sends'
+  // head start pays more than the cache (docs/PERFORMANCE.md).
+  t.sliced_from_step_bytes = 2 << 20;
   // Round values of what the start-up probe measures on loopback here (docs/TUNING.md).
   t.costs = {20e-6, 1.0 / 2e9, false};
   return t;
