@@ -145,6 +145,23 @@ class CommImpl {
   // timeout. Returns the error to throw.
   std::exception_ptr startup_failed(const Error& e, const Options& options, const SplitFrom* from);
   void prepare(OpState& op, const algorithms::Args& args, const CallOptions& call, bool async);
+  // What validate() and prepare() read of a call, all but its buffers' addresses: calls of one
+  // shape get the same checks, plan and tag (but for the sequence number).
+  struct CallShape {
+    algorithms::Collective kind{};
+    size_t count = 0;
+    DataType dtype{};
+    ReduceOp op{};
+    int root = 0;
+    bool send_null = false, recv_null = false, in_place = false;
+    std::chrono::milliseconds timeout{0};
+    double premul_factor = 1.0;
+    uint64_t tuner_generation = 0;  // the tuner's state (Tuner::generation)
+    bool operator==(const CallShape&) const = default;
+  };
+  // The shape of a blocking call on host memory; nullopt for one whose blocks have their own
+  // sizes (the v-collectives), which call() checks and plans every time.
+  std::optional<CallShape> shape_of(const algorithms::Args& args, const CallOptions& call) const;
   // Gives op the next sequence number (mu_ held); on a bad argument throws InvalidArgument and
   // gives the number back, so that the call is not issued at all.
   void number(OpState& op);
@@ -227,6 +244,14 @@ class CommImpl {
   double timeline_opened_us_ = 0;
   std::unique_ptr<transport::Engine> transport_;
   std::unique_ptr<tuner::Tuner> tuner_;
+  // call()'s last checked and planned call (mu_). A training loop repeats a few calls; for a
+  // 4-byte allreduce validate() and prepare() were a fifth of the call (docs/PERFORMANCE.md).
+  struct CallMemo {
+    CallShape shape;
+    tuner::Plan plan;
+    transport::OpTag tag;
+  };
+  std::optional<CallMemo> memo_;
   std::unique_ptr<char[]> scratch_;
   std::unique_ptr<StagingPool> staging_;  // made by the first call on device memory (mu_)
   size_t scratch_bytes_ = 0;

@@ -21,13 +21,13 @@ Collective parse_collective(const std::string& s) {
   return f->kind;
 }
 
-const Algorithm& default_algorithm(Collective c) {
-  const Algorithm* a = algorithms::find_algorithm(c, algorithms::facts(c).default_algorithm);
+}  // namespace
+
+const Algorithm& Tuner::default_algorithm(Collective c) const {
+  const Algorithm* a = default_[static_cast<size_t>(c)];
   if (!a) throw Error(std::string("no default algorithm for ") + algorithms::collective_name(c));
   return *a;
 }
-
-}  // namespace
 
 Tuner::Tuner(const core::Config& config, const Setup& setup)
     : setup_(setup), stream_min_bytes_(reduce::stream_output_threshold()) {
@@ -36,6 +36,8 @@ Tuner::Tuner(const core::Config& config, const Setup& setup)
   in_.host_size = setup_.host_size;
   in_.link_segment = setup_.link.segment_bytes;
   in_.costs = default_costs(setup_.link);
+  for (const auto& f : algorithms::all_facts())
+    default_[static_cast<size_t>(f.kind)] = algorithms::find_algorithm(f.kind, f.default_algorithm);
   if (config.has("RINGREDUCE_SEGMENT_BYTES")) {
     forced_segment_ = config.size("RINGREDUCE_SEGMENT_BYTES");
     if (forced_segment_ == 0) throw InvalidArgument("RINGREDUCE_SEGMENT_BYTES must be > 0");
@@ -142,6 +144,7 @@ void Tuner::tabulate() {
 void Tuner::set_costs(const Costs& costs) {
   in_.costs = costs;
   tabulate();
+  generation_.v.fetch_add(1, std::memory_order_release);
 }
 
 const Algorithm* Tuner::pick(const algorithms::Args& args, bool registered) const {
@@ -156,7 +159,7 @@ const Algorithm* Tuner::pick(const algorithms::Args& args, bool registered) cons
   // An algorithm the model does not describe may take the call by its rule (the registered
   // allreduce on one host while there is registered memory, the hierarchical one across hosts,
   // the window's barrier).
-  const bool any_registered = registered && registered_.on.load(std::memory_order_relaxed);
+  const bool any_registered = registered && registered_.v.load(std::memory_order_relaxed);
   for (const auto* a : rules_[static_cast<size_t>(args.kind)])
     if (bytes <= a->max_bytes && (any_registered || !is_registered(a)) && a->rule(in_, bytes))
       return a;

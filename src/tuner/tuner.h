@@ -59,8 +59,12 @@ class Tuner {
   // whose buffers are not all registered. Set alike on every rank (alloc and free are
   // collectives).
   void set_registered(bool registered) {
-    registered_.on.store(registered, std::memory_order_relaxed);
+    registered_.v.store(registered, std::memory_order_relaxed);
+    generation_.v.fetch_add(1, std::memory_order_release);
   }
+  // Changes with every set_costs() and set_registered(): a caller that keeps a plan for calls
+  // of one shape (CommImpl::call) asks for a new one when this moves.
+  uint64_t generation() const { return generation_.v.load(std::memory_order_acquire); }
   // The model's time for `algorithm` on a call of `bytes` (per rank; infinity for one it does
   // not model).
   double predict(const algorithms::Algorithm& algorithm, size_t bytes) const;
@@ -86,23 +90,31 @@ class Tuner {
 
   Setup setup_;
   algorithms::CostInputs in_;
-  // set_registered(): atomic, as a call's choice may be made in the progress thread (a Work's
-  // callback issuing the next call) while alloc() runs in the caller's.
-  struct Flag {  // an atomic that moves with the tuner (the tuner is built and then moved)
-    std::atomic<bool> on{false};
-    Flag() = default;
-    Flag(Flag&& o) noexcept : on(o.on.load()) {}
-    Flag& operator=(Flag&& o) noexcept {
-      on.store(o.on.load());
+  // Atomics that move with the tuner (it is built and then moved).
+  template <class T>
+  struct Movable {
+    std::atomic<T> v{};
+    Movable() = default;
+    Movable(Movable&& o) noexcept : v(o.v.load()) {}
+    Movable& operator=(Movable&& o) noexcept {
+      v.store(o.v.load());
       return *this;
     }
-  } registered_;
+  };
+  // set_registered(): atomic, as a call's choice may be made in the progress thread (a Work's
+  // callback issuing the next call) while alloc() runs in the caller's.
+  Movable<bool> registered_;
+  Movable<uint64_t> generation_;
   size_t stream_min_bytes_;
   size_t forced_segment_ = 0;
   // By Collective value: the cheapest candidate per size class (empty: none is modelled).
   std::array<std::vector<const algorithms::Algorithm*>, algorithms::kMaxCollective + 1> choice_;
   // By Collective value: the usable algorithms that take calls by a rule, in registry order.
   std::array<std::vector<const algorithms::Algorithm*>, algorithms::kMaxCollective + 1> rules_;
+  // By Collective value: its default algorithm (null for a value that names no collective),
+  // looked up by name once rather than per call.
+  std::array<const algorithms::Algorithm*, algorithms::kMaxCollective + 1> default_{};
+  const algorithms::Algorithm& default_algorithm(algorithms::Collective c) const;
   // RINGREDUCE_ALGO: per collective, the forced algorithms in order; a call runs the first whose
   // max_bytes admits it (none: the tuner's own choice).
   std::map<algorithms::Collective, std::vector<const algorithms::Algorithm*>> forced_;

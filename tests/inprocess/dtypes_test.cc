@@ -137,8 +137,14 @@ TEST_P(Dtypes, AnOpThatDoesNotApplyIsAnInvalidArgumentAndTheCommunicatorGoesOn) 
                 << e.what();
           }
         };
+        // A good call first: a repeated call's checks are kept for its shape (CommImpl::call),
+        // and these differ from it in one thing each.
+        comm.allreduce(f.data(), f.data(), 8, DataType::f32, ReduceOp::sum);
+        EXPECT_EQ(f[7], 2.0f);
         expect_bad([&] { comm.allreduce(f.data(), f.data(), 8, DataType::f32, ReduceOp::bxor); },
                    "bxor does not apply to float");
+        expect_bad([&] { comm.allreduce(nullptr, f.data(), 8, DataType::f32, ReduceOp::sum); },
+                   "send buffer is null");
         expect_bad([&] { comm.allreduce(b.data(), b.data(), 8, DataType::boolean, ReduceOp::avg); },
                    "avg does not apply to bool");
         expect_bad(
@@ -146,6 +152,8 @@ TEST_P(Dtypes, AnOpThatDoesNotApplyIsAnInvalidArgumentAndTheCommunicatorGoesOn) 
             "premul_sum does not apply to int32");
         comm.allreduce(i.data(), i.data(), 8, DataType::i32, ReduceOp::bor);
         EXPECT_EQ(i[7], 3);
+        comm.allreduce(f.data(), f.data(), 8, DataType::f32, ReduceOp::sum);
+        EXPECT_EQ(f[7], 4.0f);
       },
       transport());
 }

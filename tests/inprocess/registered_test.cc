@@ -96,6 +96,10 @@ TEST(Registered, TheTunerTakesLargeAllreducesOnlyWhileMemoryIsRegistered) {
               comm.allreduce(buf, buf, plain.size(), DataType::f32, ReduceOp::sum);
               EXPECT_EQ(buf[plain.size() - 1], 2.0f);
               comm.free(buf);
+              // A call of the same shape once nothing is registered: planned afresh (the ring),
+              // not the plan kept from the call before (CommImpl::call).
+              comm.allreduce(std::span<float>(plain), ReduceOp::sum);
+              EXPECT_EQ(plain.back(), 4.0f);
             },
             {{"RINGREDUCE_TIMELINE", dir.path + "/t.%r.json"}});
   for (int r = 0; r < 2; ++r) {

@@ -176,6 +176,22 @@ TEST(Tuner, TcpSlicesRingSchedulesFromTwoMiBSteps) {
   }
 }
 
+// A caller that keeps plans by call shape (CommImpl::call) must see every change of what the
+// tuner decides by: new costs, memory registered or released.
+TEST(Tuner, GenerationMovesWithCostsAndRegistration) {
+  auto t = with(2, true, shm4());
+  const uint64_t g0 = t.generation();
+  t.set_registered(true);
+  const uint64_t g1 = t.generation();
+  EXPECT_NE(g1, g0);
+  t.set_costs(t.costs());
+  const uint64_t g2 = t.generation();
+  EXPECT_NE(g2, g1);
+  t.set_registered(false);
+  EXPECT_NE(t.generation(), g2);
+  EXPECT_EQ(t.generation(), t.generation());  // nothing else moves it
+}
+
 TEST(Tuner, BroadcastAndReduceBinomialSmallChainLarge) {
   for (int n : {4, 8}) {
     auto t = with(n, false, tcp_defaults());
