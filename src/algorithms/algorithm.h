@@ -53,7 +53,11 @@ struct Context {
   bool sliced;           // post ring schedules slice by slice (ring_phases.h post_ring_steps)
   uint64_t seq;          // the op's sequence number (the same on every rank)
   // A scratch buffer of at least `bytes`, owned by the communicator and reused across calls.
-  std::function<void*(size_t bytes)> scratch;
+  struct Scratch {
+    void* (*fn)(void* owner, size_t bytes);
+    void* owner;
+    void* operator()(size_t bytes) const { return fn(owner, bytes); }
+  } scratch;
   // The ring that the ring and chain algorithms run over: ring[p] is the rank at position p,
   // ring_pos[r] the position of rank r. The communicator orders it by host (seed 001: "the
   // algorithm functions best if all GPUs on a node are next to each other in the ring"), so each

@@ -331,17 +331,22 @@ std::exception_ptr CommImpl::execute(OpState& op) {
     try {
       // Device memory: the stream must have copied the input to host memory first.
       if (op.stage) op.stage->wait_input(core::Deadline::after(op.timeout));
-      algorithms::Args args = op.args;
       // premul_sum: the input, multiplied by this rank's factor, into a buffer of the op's own;
-      // the algorithm then sums that (out of place whatever the call's placement was).
+      // the algorithm then sums that (out of place whatever the call's placement was). Other ops
+      // run on the call's own arguments, not a copy.
+      const algorithms::Args* run_args = &op.args;
+      algorithms::Args premul_args;
       std::unique_ptr<char[]> premul;
-      if (args.op == ReduceOp::premul_sum) {
+      if (op.args.op == ReduceOp::premul_sum) {
+        premul_args = op.args;
+        algorithms::Args& args = premul_args;
         const size_t n = algorithms::send_elements(args, rank_, size_);
         premul =
             std::make_unique_for_overwrite<char[]>(std::max<size_t>(1, n * dtype_size(args.dtype)));
         reduce::scale(premul.get(), args.send, n, args.dtype, op.premul_factor);
         args.send = premul.get();
         args.op = ReduceOp::sum;
+        run_args = &premul_args;
       }
       transport_->begin_op(op.tag, op.plan.stream_output);
       algorithms::Context ctx{*transport_,
@@ -352,7 +357,7 @@ std::exception_ptr CommImpl::execute(OpState& op) {
                               op.plan.channels,
                               op.plan.sliced,
                               op.tag.seq,
-                              [this](size_t bytes) { return scratch(bytes); },
+                              scratch_fn(),
                               ring_.data(),
                               ring_pos_.data(),
                               host_size_,
@@ -362,11 +367,11 @@ std::exception_ptr CommImpl::execute(OpState& op) {
         const auto started = core::Clock::now();
         RR_LOG(trace, coll, rank_, describe(op.tag), ": ", op.plan.algorithm->name,
                ", segments of ", op.plan.segment_bytes, " B, ", op.plan.channels, " channel(s)");
-        op.plan.algorithm->run(ctx, args);
+        op.plan.algorithm->run(ctx, *run_args);
         RR_LOG(trace, coll, rank_, describe(op.tag), ": done in ",
                static_cast<int64_t>(core::seconds_since(started) * 1e6), " us");
       } else {
-        op.plan.algorithm->run(ctx, args);
+        op.plan.algorithm->run(ctx, *run_args);
       }
     } catch (const Error& e) {
       std::string suffix;

@@ -195,6 +195,11 @@ class CommImpl {
   // Gives up the driver role (mu_ held) and wakes whoever should drive or wait next.
   void release_driver();
   void* scratch(size_t bytes);
+  // scratch() as an algorithm calls it (Context::scratch: no std::function to build per op).
+  algorithms::Context::Scratch scratch_fn() {
+    return {[](void* self, size_t bytes) { return static_cast<CommImpl*>(self)->scratch(bytes); },
+            this};
+  }
   // A call on device memory (device.h): stages op's device buffers through host memory on its
   // stream. For a collective, under mu_ once it has its number; a failure gives the number back.
   void stage_device(OpState& op, const CallOptions& call);
