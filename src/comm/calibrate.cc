@@ -57,9 +57,20 @@ double CommImpl::time_probe_allreduce(algorithms::RunFn fn, float* buf, size_t c
 double CommImpl::time_probe_op(algorithms::RunFn fn, algorithms::Args args, int reps,
                                const core::Deadline& deadline) {
   const transport::KindTraits& traits = transport_->traits();
-  algorithms::Context ctx{
-      *transport_,   rank_, size_,        deadline,     traits.segment_bytes, 1,
-      traits.sliced, 0,     scratch_fn(), ring_.data(), ring_pos_.data(),     host_size_};
+  // The probes are allreduces: a ring step carries K / N, ordered as a call of that size would be.
+  const size_t step_bytes = args.count * dtype_size(args.dtype) / static_cast<size_t>(size_);
+  algorithms::Context ctx{*transport_,
+                          rank_,
+                          size_,
+                          deadline,
+                          traits.segment_bytes,
+                          1,
+                          traits.sliced(step_bytes),
+                          0,
+                          scratch_fn(),
+                          ring_.data(),
+                          ring_pos_.data(),
+                          host_size_};
   const auto t0 = core::Clock::now();
   for (int i = 0; i < reps; ++i) fn(ctx, args);
   return std::chrono::duration<double>(core::Clock::now() - t0).count() / reps;

@@ -1,8 +1,6 @@
 #include "comm/comm_impl.h"
 #include "comm/device.h"
 
-#include <cstdio>
-#include <cstring>
 #include <sstream>
 #include <thread>
 

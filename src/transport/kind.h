@@ -42,10 +42,10 @@ struct LinkCost {
 struct KindTraits {
   std::string name;          // "shm", "tcp": the tuner's and the tuning file's name for it
   size_t segment_bytes = 0;  // what one message of a pipelined schedule should carry
-  bool sliced = false;       // ring schedules go slice by slice (algorithms/ring_phases.h)
-  // Where not at every size: slice by slice from this many bytes per ring step (an allreduce's
-  // chunk, K / N), step by step below.
+  // Ring schedules go slice by slice (algorithms/ring_phases.h) from this many bytes per ring
+  // step (an allreduce's chunk, K / N), step by step below: 0 at every size, SIZE_MAX never.
   size_t sliced_from_step_bytes = SIZE_MAX;
+  bool sliced(size_t step_bytes) const { return step_bytes >= sliced_from_step_bytes; }
   bool stream_output = false;  // large out-of-place outputs pay to be written with streaming stores
   LinkCost costs;              // until the start-up probe measures them
 };

@@ -192,7 +192,7 @@ Plan Tuner::choose(const algorithms::Args& args) const {
   // Shared memory forwards a slice the moment it arrives only if the schedule is posted slice by
   // slice (otherwise the forwards queue behind a whole chunk of first sends and go through DRAM);
   // TCP from a step size (KindTraits::sliced_from_step_bytes).
-  plan.sliced = setup_.link.sliced || per_step >= setup_.link.sliced_from_step_bytes;
+  plan.sliced = setup_.link.sliced(per_step);
   // Out of place, a large output is not in cache and is not read again by this call: streaming
   // stores skip reading each line before writing it. Interleaved medians of 3 rounds, 64 and
   // 256 MiB, busbw GB/s, ordinary -> streaming: out of place N=2 5.2 -> 9.0, N=4 3.8 -> 6.0,

@@ -55,7 +55,7 @@ KindTraits ShmKind::static_traits() {
   // (docs/PERFORMANCE.md): 4 slots of 256 KiB with 256 KiB messages were best or within noise of
   // the best everywhere; 512 KiB messages (two slots each) lost 5-20% at N=4 and 8.
   t.segment_bytes = kSlotBytes;
-  t.sliced = true;
+  t.sliced_from_step_bytes = 0;
   t.stream_output = true;
   // Round values of what the start-up probe measures on this project's 2-core VM (TUNING.md).
   t.costs = {2e-6, 1.0 / 8e9, false};
