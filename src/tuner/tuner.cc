@@ -104,9 +104,21 @@ double Tuner::predict(const Algorithm& a, size_t bytes) const {
 const Algorithm* Tuner::cheapest(Collective kind, size_t bytes) const {
   const Algorithm* best = nullptr;
   double best_t = std::numeric_limits<double>::infinity();
+  // From the ring step at which the links post the ring slice by slice, its forwards leave from
+  // cache right after each slice is reduced, while recursive doubling, Rabenseifner and the tree
+  // put each step's whole result through memory before sending it on: a cost pi, measured on a
+  // buffer that fits the caches, cannot show (shared memory, sliced at every size, does not
+  // consider them at all). Over loopback the ring was the best forced allreduce from 16 MiB at
+  // N = 2, 4 and 8 in the three sweeps since it went slice by slice (1.1-1.8x ahead of
+  // Rabenseifner; one round of the tree aside), while the model took Rabenseifner whenever pi
+  // came out below a few ps/B, as start-up probes on 1 MiB, where the two tie, often measure
+  // (0-47 ps/B at N = 4, 0 at N = 8; docs/TUNING.md).
+  const bool ring_fused = kind == Collective::allreduce &&
+                          setup_.link.sliced(bytes / static_cast<size_t>(std::max(setup_.size, 1)));
   // Ties keep the earlier candidate (the registry lists them in tie-break order).
   for (const auto& a : algorithms::all_algorithms()) {
     if (a.kind != kind || !a.cost || !usable(a) || bytes > a.max_bytes) continue;
+    if (ring_fused && !a.needs_window && a.run != algorithms::ring_allreduce) continue;
     const double t = predict(a, bytes);
     if (best == nullptr || t < best_t) best = &a, best_t = t;
   }
