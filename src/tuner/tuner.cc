@@ -113,8 +113,8 @@ const Algorithm* Tuner::cheapest(Collective kind, size_t bytes) const {
   // Rabenseifner; one round of the tree aside), while the model took Rabenseifner whenever pi
   // came out below a few ps/B, as start-up probes on 1 MiB, where the two tie, often measure
   // (0-47 ps/B at N = 4, 0 at N = 8; docs/TUNING.md).
-  const bool ring_fused = kind == Collective::allreduce &&
-                          setup_.link.sliced(bytes / static_cast<size_t>(std::max(setup_.size, 1)));
+  const bool ring_fused =
+      kind == Collective::allreduce && setup_.link.sliced(ring_step(kind, bytes));
   // Ties keep the earlier candidate (the registry lists them in tie-break order).
   for (const auto& a : algorithms::all_algorithms()) {
     if (a.kind != kind || !a.cost || !usable(a) || bytes > a.max_bytes) continue;
@@ -123,6 +123,11 @@ const Algorithm* Tuner::cheapest(Collective kind, size_t bytes) const {
     if (best == nullptr || t < best_t) best = &a, best_t = t;
   }
   return best;
+}
+
+size_t Tuner::ring_step(Collective kind, size_t bytes) const {
+  return kind == Collective::allreduce ? bytes / static_cast<size_t>(std::max(setup_.size, 1))
+                                       : bytes;
 }
 
 size_t Tuner::size_class(size_t bytes) {
@@ -196,9 +201,7 @@ Plan Tuner::choose(const algorithms::Args& args) const {
   plan.algorithm = pick(args, true);
   if (plan.algorithm->run == algorithms::registered_allreduce) plan.fallback = pick(args, false);
   const size_t bytes = args.count * dtype_size(args.dtype);
-  // Bytes each rank moves per ring step.
-  size_t per_step = bytes;
-  if (args.kind == Collective::allreduce) per_step /= static_cast<size_t>(setup_.size);
+  const size_t per_step = ring_step(args.kind, bytes);
   // Channels only pay when there is enough data for every ring to stream.
   plan.channels = per_step >= (size_t{4} << 20) ? setup_.channels : 1;
   // Shared memory forwards a slice the moment it arrives only if the schedule is posted slice by

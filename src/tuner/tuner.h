@@ -77,6 +77,8 @@ class Tuner {
   const algorithms::Algorithm* pick(const algorithms::Args& args, bool registered) const;
   // Whether the links meet an algorithm's needs and it suits them.
   bool usable(const algorithms::Algorithm& a) const;
+  // Bytes each rank moves per ring step for a call of `bytes` (an allreduce's chunk, K / N).
+  size_t ring_step(algorithms::Collective kind, size_t bytes) const;
   // The cheapest modelled candidate for a call of `bytes`; null when none is modelled.
   const algorithms::Algorithm* cheapest(algorithms::Collective kind, size_t bytes) const;
   // Fills choice_: the cheapest candidate for each size class, so that a call costs a lookup

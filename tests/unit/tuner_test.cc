@@ -178,7 +178,7 @@ TEST(Tuner, TcpSlicesRingSchedulesFromTwoMiBSteps) {
 
 // Once the ring goes slice by slice over TCP, it is the only message algorithm the model weighs:
 // with pi = 0 (as start-up probes on loopback often measured it) Rabenseifner's fewer steps win
-// the model at every large size, though the sliced ring was 1.1-1.5x faster from 16 MiB.
+// the model at every large size, though the sliced ring was 1.1-1.8x faster from 16 MiB.
 TEST(Tuner, TcpWeighsOnlyTheRingOnceItGoesSliceBySlice) {
   Costs c = tcp_defaults();
   c.pi = 0;
