@@ -127,6 +127,7 @@ void RingreduceGroup::monitoredBarrier(const c10d::BarrierOptions& opts, bool wa
       opts.timeout != c10d::kUnsetTimeout && opts.timeout.count() > 0 ? opts.timeout : timeout_;
   rr::CallOptions call;
   call.timeout = timeout;
+  call.memory = rr::Memory::host;
   uint8_t token = 1;
   if (rank_ != 0) {
     comm_->send(&token, 1, rr::DataType::u8, 0, kMonitoredBarrierTag, call);
