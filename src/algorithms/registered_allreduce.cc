@@ -12,6 +12,9 @@
 //              and the op's fingerprint, and waits for every peer's;
 //   reduce:    if every rank's buffers are registered, combines slice r of the N inputs (in rank
 //              order, in chunks that stay in L1/L2) and copies each chunk into every output;
+//              a large call is instead cut into units that ranks take from a shared counter as
+//              they come free (claim_unit below), so that a slow or descheduled core holds no
+//              one up;
 //              streaming stores for an output that is not its rank's input and is larger than
 //              the caches (its lines are not cached; in place, the lines were just read);
 //   done:      stamps "done" and waits for every peer's: only then has every peer finished
@@ -21,9 +24,9 @@
 // the same on every rank), so the ranks never disagree and plain buffers lose nothing but the
 // handshake.
 //
-// Each slice is reduced by one rank, in rank order, so every rank gets the same bits, and the
-// same as the direct allreduce's. In place, rank r is the only one to read or write slice r of any
-// buffer, so no rank's writes race another's reads.
+// Each slice (or unit) is reduced by one rank, in rank order, so every rank gets the same bits,
+// and the same as the direct allreduce's. In place, the rank that reduces a slice is the only one
+// to read or write it in any buffer, so no rank's writes race another's reads.
 //
 // The stamps live in one page of each rank's window region (window_areas.h): a counter of
 // registered calls g (the same on every rank: every rank runs the same calls, each counted once
@@ -31,11 +34,14 @@
 // line (stamp g + 1 stored with release after the fingerprint and the buffers' places) and a "done"
 // line. Reuse guard: a rank rewrites set b in call g + 2, after call g + 1's handshake saw every
 // peer's ready(g + 1), which each peer stamped only after finishing call g (both of its reads of
-// this rank's set b). Equality waits cannot miss their value for the same reason.
+// this rank's set b). Equality waits cannot miss their value for the same reason. Rank 0's page
+// also holds the counter large calls take their units from (claims()); it only grows, by units + N
+// per such call, and each rank keeps in its own page how much of it earlier calls used.
 //
 // After an error (a peer's death, a timeout) a peer may still be writing this rank's output for a
 // moment: a failed call's output is undefined, as with any algorithm, and the memory stays mapped
 // until it is freed, so nothing outside it is touched.
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <vector>
@@ -63,16 +69,41 @@ using Region = transport::Window::Region;
 struct Stamps {
   char* base;
   uint64_t* word(size_t line) const { return reinterpret_cast<uint64_t*>(base + 64 * line); }
-  // Read and written by the owner only: the registered calls run so far.
+  // Read and written by the owner only: the registered calls run so far, and the claims taken
+  // from rank 0's counter by all calls before this one (the same on every rank).
   uint64_t& calls() const { return *word(0); }
+  uint64_t& claims_before() const { return word(0)[1]; }
   std::atomic_ref<uint64_t> ready(size_t b) const { return std::atomic_ref(*word(1 + 2 * b)); }
   // Beside the ready stamp: the fingerprint, then the input's and the output's region and offset.
   std::atomic_ref<uint64_t> field(size_t b, size_t i) const {
     return std::atomic_ref(word(1 + 2 * b)[1 + i]);
   }
   std::atomic_ref<uint64_t> done(size_t b) const { return std::atomic_ref(*word(2 + 2 * b)); }
+  // Rank 0's only: the counter every rank takes a large call's units from.
+  std::atomic_ref<uint64_t> claims() const { return std::atomic_ref(*word(5)); }
 };
-static_assert(5 * 64 <= window_areas::kRegisteredBytes);
+static_assert(6 * 64 <= window_areas::kRegisteredBytes);
+
+// Large calls are cut into units that ranks take as they come free, rather than one slice per
+// rank: this VM's two cores run at speeds 1.2-1.5x apart for tenths of a second at a time (the
+// host's doing; docs/PERFORMANCE.md, "Where a large N = 2 ring waits"), and with ranks sharing
+// cores a rank may not run at all for a while; a static slice makes every call wait for the
+// slowest. Each unit is still reduced by one rank, in rank order (the same bits), and its traffic
+// is the same whoever takes it. A claim is one atomic add on a line all ranks share (~0.1-0.3 us):
+// units of at least kUnitBytes, about 16 per rank, keep that under 0.1% of the call; below
+// kMinUnits units per rank the static slices are kept (the call is too short for the cores'
+// speeds to drift, and every rank works from the first microsecond).
+constexpr size_t kUnitBytes = 256 << 10;
+constexpr size_t kUnitsPerRank = 16;
+constexpr size_t kMinUnitsPerRank = 4;
+// Elements per unit (a multiple of a cache line's worth), or 0 for static slices.
+size_t claim_unit(size_t count, size_t n, size_t elem) {
+  const size_t bytes = count * elem;
+  if (bytes < kMinUnitsPerRank * n * kUnitBytes) return 0;
+  size_t unit = std::max(kUnitBytes, bytes / (kUnitsPerRank * n));
+  unit = (unit + 63) / 64 * 64;
+  return unit / elem;
+}
 
 }  // namespace
 
@@ -142,20 +173,39 @@ void registered_allreduce(Context& ctx, const Args& a) {
   }
 
   ctx.phase("reduce");
-  const Range slice = split(a.count, un, static_cast<size_t>(r));
   const size_t per = kRegisteredChunkBytes / elem;
   char* tmp = static_cast<char*>(ctx.scratch(kRegisteredChunkBytes));
-  for (size_t done = 0; done < slice.count; done += per) {
-    const size_t c = slice.count - done < per ? slice.count - done : per;
-    const size_t at = (slice.offset + done) * elem;
-    reduce::combine(tmp, ins[0] + at, ins[1] + at, c, a.dtype, a.op);
-    for (size_t q = 2; q < un; ++q) reduce::combine(tmp, tmp, ins[q] + at, c, a.dtype, a.op);
-    if (a.op == ReduceOp::avg) reduce::divide(tmp, tmp, c, a.dtype, static_cast<uint64_t>(n));
-    // Our own output last: the peers' first, so that they can finish sooner.
-    for (int i = 1; i <= n; ++i) {
-      const auto q = static_cast<size_t>((r + i) % n);
-      reduce::copy(outs[q] + at, tmp, c * elem, stream[q] != 0);
+  // Elements [begin, end) of every output: reduced from every input, chunk by chunk.
+  auto reduce_range = [&](size_t begin, size_t end) {
+    for (size_t done = begin; done < end; done += per) {
+      const size_t c = end - done < per ? end - done : per;
+      const size_t at = done * elem;
+      reduce::combine(tmp, ins[0] + at, ins[1] + at, c, a.dtype, a.op);
+      for (size_t q = 2; q < un; ++q) reduce::combine(tmp, tmp, ins[q] + at, c, a.dtype, a.op);
+      if (a.op == ReduceOp::avg) reduce::divide(tmp, tmp, c, a.dtype, static_cast<uint64_t>(n));
+      // Our own output last: the peers' first, so that they can finish sooner.
+      for (int i = 1; i <= n; ++i) {
+        const auto q = static_cast<size_t>((r + i) % n);
+        reduce::copy(outs[q] + at, tmp, c * elem, stream[q] != 0);
+      }
     }
+  };
+  if (const size_t unit = claim_unit(a.count, un, elem); unit == 0) {
+    const Range slice = split(a.count, un, static_cast<size_t>(r));
+    reduce_range(slice.offset, slice.offset + slice.count);
+  } else {
+    // Every rank takes units until a claim comes back past the last one: each call adds exactly
+    // units + n to the counter, which every rank counts alike. A claim of this call cannot meet
+    // one of the previous: every peer finished that call before stamping this call's "ready".
+    const size_t units = (a.count + unit - 1) / unit;
+    std::atomic_ref<uint64_t> counter = stamps(0).claims();
+    for (;;) {
+      const uint64_t k = counter.fetch_add(1, std::memory_order_relaxed) - mine.claims_before();
+      if (k >= units) break;
+      const size_t begin = static_cast<size_t>(k) * unit;
+      reduce_range(begin, std::min(a.count, begin + unit));
+    }
+    mine.claims_before() += units + un;
   }
 
   ctx.phase("done");

@@ -1,6 +1,7 @@
 // Communicator::alloc / free and the registered allreduce: results exact in and out of place, at
 // offsets inside an allocation, for counts that do not divide by N and below N, every dtype's
-// path through avg and max; a call where one rank's buffers are not registered (every rank falls
+// path through avg and max; large calls whose units ranks take as they come free, counted alike
+// across calls of every kind; a call where one rank's buffers are not registered (every rank falls
 // back alike, seen in the timeline); free's checks on every rank, free(nullptr); an allocation
 // failing on one rank; free after an abort; ordinary memory across hosts.
 #include <unistd.h>
@@ -82,6 +83,47 @@ TEST(Registered, AllreduceInRegisteredMemoryIsExactInAndOutOfPlace) {
       EXPECT_NE(t.find("\"reduce\""), std::string::npos) << "rank " << r << " at N = " << n;
       EXPECT_EQ(t.find("not registered"), std::string::npos) << "rank " << r << " at N = " << n;
     }
+  }
+}
+
+// Large calls are cut into units that ranks take from a counter in rank 0's page as they come
+// free; every rank must count the counter's use alike across calls of every kind (units, static
+// slices, a fallback that takes none), or a later call's units would be skipped or done twice.
+TEST(Registered, LargeCallsTakeUnitsAndEveryRankCountsThemAlike) {
+  for (int n : {2, 3, 4}) {
+    run_ranks(n,
+              [&](Communicator& comm) {
+                const int me = comm.rank();
+                // 6 MB: 23 units of 256 KiB, the last one short; and 400 KB: static slices.
+                const size_t large = 1500007, small = 100003;
+                auto* buf = static_cast<int32_t*>(comm.alloc(large * 4));
+                auto* out = static_cast<int32_t*>(comm.alloc(large * 4));
+                std::vector<int32_t> plain(large);
+                const int32_t sum_ranks = n * (n + 1) / 2;
+                for (int round = 0; round < 3; ++round) {
+                  for (size_t count : {large, small, large}) {
+                    for (size_t i = 0; i < count; ++i)
+                      buf[i] = static_cast<int32_t>((i % 89 + round) * (me + 1));
+                    comm.allreduce(buf, out, count, DataType::i32, ReduceOp::sum);
+                    for (size_t i = 0; i < count; ++i)
+                      ASSERT_EQ(out[i], static_cast<int32_t>(i % 89 + round) * sum_ranks)
+                          << "element " << i << " of " << count << ", round " << round;
+                    comm.allreduce(buf, buf, count, DataType::i32, ReduceOp::max);  // in place
+                    for (size_t i = 0; i < count; ++i)
+                      ASSERT_EQ(buf[i], static_cast<int32_t>(i % 89 + round) * n)
+                          << "element " << i << " of " << count << ", round " << round;
+                  }
+                  // The last rank's ordinary buffer: every rank falls back, no unit is taken.
+                  int32_t* mine = me == n - 1 ? plain.data() : buf;
+                  for (size_t i = 0; i < large; ++i) mine[i] = static_cast<int32_t>(i % 7);
+                  comm.allreduce(mine, mine, large, DataType::i32, ReduceOp::sum);
+                  for (size_t i = 0; i < large; ++i)
+                    ASSERT_EQ(mine[i], static_cast<int32_t>(i % 7) * n) << "element " << i;
+                }
+                comm.free(out);
+                comm.free(buf);
+              },
+              {{"RINGREDUCE_ALGO", "allreduce:registered"}});
   }
 }
 
