@@ -22,6 +22,13 @@ N, one row per size with:
     and the fraction of the limit the project's issue 19 set its targets against: the best of a
     non-temporal copy and `a += b` (nt, add) on all cores, a lower bandwidth than the fastest
     kernel's (rep movsb here), so a higher fraction.
+Where OUTDIR/raw has latency_N<n>_r<round>.txt (bench/latency_floor), each N also gets a table
+of the sizes up to --tiny (64 B) against the latency floor of that N's rounds (their least):
+    N <= cores: one exchange of a cache line between two cores (a lower bound for N > 2);
+    N > cores:  (m - 1) process switches, m = ranks per core: each core runs its m ranks in turn,
+                and an op completes every m - 1 turns (one switch each) once they are in step;
+and ringreduce's and the better MPI's time over it, and whether half the MPI's time (issue 19's
+target for 4 B) is above the floor at all.
 """
 import argparse
 import os
@@ -43,6 +50,7 @@ MPIS = ["ompi", "mpich"]
 STREAM_RE = re.compile(
     r"^stream (?P<kernel>\w+) threads=(?P<threads>\d+) size=(?P<size>\d+) .*?"
     r"best_GBps_rw=(?P<rw>[0-9.]+) copy_GBps=(?P<copy>[0-9.]+)", re.M)
+LATENCY_RE = re.compile(r"^floor (?P<mode>cross-core|same-core) .*?us_per_op=(?P<us>[0-9.]+)", re.M)
 # The kernels whose bandwidth is the machine's limit (stream_copy.cc); glibc's "copy" only when a
 # run has nothing else (outputs of an older stream_copy).
 LIMIT_KERNELS = ("nt", "movsb", "add", "add_nt")
@@ -56,11 +64,59 @@ def parse_stream(text):
             for m in STREAM_RE.finditer(text)}
 
 
+def fmt_us(us):
+    """A time to the precision a sub-microsecond floor needs."""
+    return f"{us:.3f} us" if us < 1 else (f"{us:.2f} us" if us < 10 else fmt_time(us))
+
+
+def latency_floor(n, cores, lat):
+    """(floor in us, how it was made) for N ranks from one N's latency_floor runs, or None."""
+    m = -(-n // cores)  # ranks per core
+    if m <= 1:
+        v = lat.get("cross-core")
+        return (min(v), "one cross-core exchange") if v else None
+    v = lat.get("same-core")
+    if not v:
+        return None
+    return (m - 1) * min(v), f"{m - 1} process switch{'es' if m > 2 else ''} ({m} ranks per core)"
+
+
+def latency_table(n, cores, lat, rows, tiny):
+    """Lines of the small-size table against the latency floor (nothing without its runs)."""
+    floor = latency_floor(n, cores, lat)
+    sizes = sorted(sz for sz in {s for k, _ in LIBS for s in rows.get(k, {})} if sz <= tiny)
+    if not floor or not sizes:
+        return []
+    f_us, how = floor
+    runs = ", ".join(f"{mode} {', '.join(f'{x:.3f}' for x in v)} us"
+                     for mode, v in sorted(lat.items()))
+    out = [f"Latency floor at N = {n}: {fmt_us(f_us)} ({how}; latency_floor runs: {runs}). "
+           "x/floor = x's best time over the floor; target/floor = half the better MPI's best "
+           "time over the floor (< 1: the 0.5x target lies below what the machine allows).",
+           "",
+           "| size | floor | rr | rr/floor | best MPI | MPI/floor | target/floor |",
+           "|---:|---:|---:|---:|---:|---:|---:|"]
+    for sz in sizes:
+        best = {k: min(t for t, _, _, _ in rows[k][sz]) for k, _ in LIBS if rows.get(k, {}).get(sz)}
+        rr = best.get("ringreduce")
+        mpi = min(((best[k], t) for k, t in LIBS if k in MPIS and k in best), default=None)
+        cells = [human(sz), fmt_us(f_us),
+                 fmt_us(rr) if rr else "-", f"{rr / f_us:.2f}" if rr else "-",
+                 f"{fmt_us(mpi[0])} ({mpi[1]})" if mpi else "-",
+                 f"{mpi[0] / f_us:.2f}" if mpi else "-",
+                 f"{0.5 * mpi[0] / f_us:.2f}" if mpi else "-"]
+        out.append("| " + " | ".join(cells) + " |")
+    out.append("")
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("outdir")
     ap.add_argument("--small", type=int, default=4096, help="also show time for sizes <= this")
+    ap.add_argument("--tiny", type=int, default=64,
+                    help="compare sizes <= this with the latency floor")
     ap.add_argument("--large", type=int, default=16 << 20,
                     help="show the memory-bandwidth fraction for sizes >= this")
     a = ap.parse_args()
@@ -71,6 +127,7 @@ def main():
     # data[n][lib][size] -> list of (time, busbw, wrong, round)
     data = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     stream = defaultdict(list)  # (kernel, threads) -> [best_GBps_rw of each run]
+    latency = defaultdict(lambda: defaultdict(list))  # n -> mode -> [us_per_op of each run]
     runs = defaultdict(lambda: defaultdict(int))  # n -> lib -> files with rows
     not_in_place = []
     failed = []
@@ -87,6 +144,13 @@ def main():
                 failed.append(fn)
             for key, bw in v.items():
                 stream[key].append(bw)
+            continue
+        if lib == "latency":
+            found = LATENCY_RE.findall(text)
+            if not found:
+                failed.append(fn)
+            for mode, us in found:
+                latency[n][mode].append(float(us))
             continue
         rows = parse_rows(text, in_place=True)
         if not rows:
@@ -112,6 +176,13 @@ def main():
         "read every rank's input once and write its output once; rr/floor = mem floor / "
         "ringreduce's time, i.e. the fraction of the memory-bandwidth limit ringreduce reaches. "
         "A `!` marks a size where some run reported wrong results.\n")
+
+    cores = None
+    if os.path.exists(setup):
+        with open(setup) as f:
+            m = re.search(r"(\d+) cpus", f.read())
+            cores = int(m.group(1)) if m else None
+    cores = cores or os.cpu_count() or 1
 
     all_threads = max(t for _, t in stream) if stream else None
     limit = [k for k in stream if k[1] == all_threads and k[0] in LIMIT_KERNELS] or \
@@ -185,6 +256,7 @@ def main():
                 cells += ["-"] * (1 + 2 * len(ours))
             out.append("| " + " | ".join(cells) + " |")
         out.append("")
+        out += latency_table(n, cores, latency[n], data[n], a.tiny)
     if not data:
         out.append("\n(no allreduce results)\n")
 

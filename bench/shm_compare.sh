@@ -14,6 +14,9 @@
 #               mpiexec.mpich -bind-to core -n N build/bench/peers/mpich_allreduce ... -i 1
 #   stream      build/bench/stream_copy -t 1,NCORES (memory bandwidth of one and of all cores, for
 #               each of its kernels: memcpy, non-temporal copy, rep movsb, a += b, c = a + b)
+#   latency     build/bench/latency_floor -r 1 (what a small allreduce cannot beat: one exchange of
+#               a cache line between two cores, and one process switch when ranks share a core;
+#               the table compares the sizes up to 64 B with it)
 # For each N, ROUNDS interleaved rounds run every library once (the order rotates per round).
 # Raw outputs go to OUTDIR/raw/, a log of every run to OUTDIR/runs.log, and the markdown table
 # made by bench/make_shm_table.py to OUTDIR/table.md: best-of-rounds busbw per size for each
@@ -30,7 +33,8 @@
 #     fraction = time_floor / measured_time  (= ringreduce busbw / the busbw at time_floor).
 #
 # usage: bench/shm_compare.sh [-o OUTDIR] [-N "2 4 8"] [-r ROUNDS] [-b MIN] [-e MAX] [-f FACTOR]
-#                             [-l "ringreduce registered ompi mpich stream"] [-t RUN_TIMEOUT_S]
+#                             [-l "ringreduce registered ompi mpich stream latency"]
+#                             [-t RUN_TIMEOUT_S]
 #                             [-B BUILD_DIR] [-x "EXTRA PEER FLAGS"] [-S STREAM_SIZE]
 #                             [-j JOBS] [--no-install] [--no-build]
 #   Defaults: -N "2 4 8" -r 3 -b 4 -e 256M -f 4 -t 600 -B build -S 256M.
@@ -71,7 +75,7 @@ INSTALL=1
 BUILD_STEP=1
 NCORES=$(nproc)
 
-usage() { sed -n '30,42p' "$ROOT/bench/shm_compare.sh" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '35,48p' "$ROOT/bench/shm_compare.sh" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while [ $# -gt 0 ]; do
   case "$1" in
     -o) OUT=$2; shift 2 ;;
@@ -276,6 +280,11 @@ run_lib() {  # run_lib LIB N ROUND
       local tl=1
       [ "$NCORES" -gt 1 ] && tl="1,$NCORES"
       run "$name" "$RUN_TIMEOUT" "$BUILD/bench/stream_copy" -s "$STREAM_SIZE" -t "$tl" || true ;;
+    latency)
+      if [ ! -x "$BUILD/bench/latency_floor" ]; then
+        say "skip latency: $BUILD/bench/latency_floor not built"; return 0
+      fi
+      run "$name" "$RUN_TIMEOUT" "$BUILD/bench/latency_floor" -r 1 || true ;;
     *) say "unknown library $lib" ;;
   esac
 }
