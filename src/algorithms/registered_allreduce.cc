@@ -12,9 +12,9 @@
 //              and the op's fingerprint, and waits for every peer's;
 //   reduce:    if every rank's buffers are registered, combines slice r of the N inputs (in rank
 //              order, in chunks that stay in L1/L2) and copies each chunk into every output;
-//              a large call is instead cut into units that ranks take from a shared counter as
-//              they come free (claim_unit below), so that a slow or descheduled core holds no
-//              one up;
+//              a large call is instead cut into units that ranks take as they come free
+//              (claim_unit below), each from its own range first, so that a slow or descheduled
+//              core holds no one up;
 //              streaming stores for an output that is not its rank's input and is larger than
 //              the caches (its lines are not cached; in place, the lines were just read);
 //   done:      stamps "done" and waits for every peer's: only then has every peer finished
@@ -34,9 +34,9 @@
 // line (stamp g + 1 stored with release after the fingerprint and the buffers' places) and a "done"
 // line. Reuse guard: a rank rewrites set b in call g + 2, after call g + 1's handshake saw every
 // peer's ready(g + 1), which each peer stamped only after finishing call g (both of its reads of
-// this rank's set b). Equality waits cannot miss their value for the same reason. Rank 0's page
-// also holds the counter large calls take their units from (claims()); it only grows, by units + N
-// per such call, and each rank keeps in its own page how much of it earlier calls used.
+// this rank's set b). Equality waits cannot miss their value for the same reason. Each rank's page
+// also holds the counter of its range of a large call's units (taken()), tagged with the call it
+// counts for, so a count left by an earlier call reads as none taken.
 //
 // After an error (a peer's death, a timeout) a peer may still be writing this rank's output for a
 // moment: a failed call's output is undefined, as with any algorithm, and the memory stays mapped
@@ -69,18 +69,16 @@ using Region = transport::Window::Region;
 struct Stamps {
   char* base;
   uint64_t* word(size_t line) const { return reinterpret_cast<uint64_t*>(base + 64 * line); }
-  // Read and written by the owner only: the registered calls run so far, and the claims taken
-  // from rank 0's counter by all calls before this one (the same on every rank).
+  // Read and written by the owner only: the registered calls run so far.
   uint64_t& calls() const { return *word(0); }
-  uint64_t& claims_before() const { return word(0)[1]; }
   std::atomic_ref<uint64_t> ready(size_t b) const { return std::atomic_ref(*word(1 + 2 * b)); }
   // Beside the ready stamp: the fingerprint, then the input's and the output's region and offset.
   std::atomic_ref<uint64_t> field(size_t b, size_t i) const {
     return std::atomic_ref(word(1 + 2 * b)[1 + i]);
   }
   std::atomic_ref<uint64_t> done(size_t b) const { return std::atomic_ref(*word(2 + 2 * b)); }
-  // Rank 0's only: the counter every rank takes a large call's units from.
-  std::atomic_ref<uint64_t> claims() const { return std::atomic_ref(*word(5)); }
+  // The units of this rank's range of a large call taken so far, by any rank (take_unit()).
+  std::atomic_ref<uint64_t> taken() const { return std::atomic_ref(*word(5)); }
 };
 static_assert(6 * 64 <= window_areas::kRegisteredBytes);
 
@@ -89,10 +87,17 @@ static_assert(6 * 64 <= window_areas::kRegisteredBytes);
 // host's doing; docs/PERFORMANCE.md, "Where a large N = 2 ring waits"), and with ranks sharing
 // cores a rank may not run at all for a while; a static slice makes every call wait for the
 // slowest. Each unit is still reduced by one rank, in rank order (the same bits), and its traffic
-// is the same whoever takes it. A claim is one atomic add on a line all ranks share (~0.1-0.3 us):
+// is the same whoever takes it. A claim is one atomic on a line the ranks share (~0.1-0.3 us):
 // units of at least kUnitBytes, about 16 per rank, keep that under 0.1% of the call; below
 // kMinUnits units per rank the static slices are kept (the call is too short for the cores'
 // speeds to drift, and every rank works from the first microsecond).
+//
+// Every rank takes the units of its own 1/N range first and only then those left in the others'
+// ranges (its successors' first). Taken from one counter in buffer order, every rank touched
+// every page of every buffer in each call: at N = 8, 256 MiB out of place that ran 2.5-3x slower
+// than static slices on one host (docs/PERFORMANCE.md). The likeliest cost is the page walks:
+// each process has its own page tables for the peers' regions, and N times the pages per call
+// no longer fit the caches (the VM shows no TLB counters to confirm it).
 constexpr size_t kUnitBytes = 256 << 10;
 constexpr size_t kUnitsPerRank = 16;
 constexpr size_t kMinUnitsPerRank = 4;
@@ -103,6 +108,26 @@ size_t claim_unit(size_t count, size_t n, size_t elem) {
   size_t unit = std::max(kUnitBytes, bytes / (kUnitsPerRank * n));
   unit = (unit + 63) / 64 * 64;
   return unit / elem;
+}
+
+// A range's counter holds the call it counts for (the low 40 bits of its number) above the units
+// taken so far (24 bits: a range has at most 2^24 units of 256 KiB). A count tagged with another
+// call is that call's leftover and reads as none taken: no rank can still be taking units of an
+// earlier call, since every rank finished it before stamping this call's "ready".
+constexpr unsigned kTakenBits = 24;
+constexpr uint64_t kTakenMask = (uint64_t{1} << kTakenBits) - 1;
+// Takes the next of `units` units from counter c for call `call`: its index in the range, or
+// `units` when all are taken. A failed exchange means another rank took one, so this ends after
+// at most `units` rounds.
+size_t take_unit(std::atomic_ref<uint64_t> c, uint64_t call, size_t units) {
+  const uint64_t tag = (call & ((uint64_t{1} << 40) - 1)) << kTakenBits;
+  uint64_t v = c.load(std::memory_order_relaxed);
+  for (;;) {
+    const uint64_t taken = (v & ~kTakenMask) == tag ? v & kTakenMask : 0;
+    if (taken >= units) return units;
+    if (c.compare_exchange_strong(v, tag | (taken + 1), std::memory_order_relaxed))
+      return static_cast<size_t>(taken);
+  }
 }
 
 }  // namespace
@@ -194,18 +219,18 @@ void registered_allreduce(Context& ctx, const Args& a) {
     const Range slice = split(a.count, un, static_cast<size_t>(r));
     reduce_range(slice.offset, slice.offset + slice.count);
   } else {
-    // Every rank takes units until a claim comes back past the last one: each call adds exactly
-    // units + n to the counter, which every rank counts alike. A claim of this call cannot meet
-    // one of the previous: every peer finished that call before stamping this call's "ready".
-    const size_t units = (a.count + unit - 1) / unit;
-    std::atomic_ref<uint64_t> counter = stamps(0).claims();
-    for (;;) {
-      const uint64_t k = counter.fetch_add(1, std::memory_order_relaxed) - mine.claims_before();
-      if (k >= units) break;
-      const size_t begin = static_cast<size_t>(k) * unit;
-      reduce_range(begin, std::min(a.count, begin + unit));
+    // Range q is units [q * per, (q + 1) * per) (the last ones may be short or empty).
+    const size_t units = (a.count + unit - 1) / unit, per = (units + un - 1) / un;
+    for (size_t i = 0; i < un; ++i) {
+      const size_t q = (static_cast<size_t>(r) + i) % un;
+      const size_t first = std::min(units, q * per),
+                   in_range = std::min(units, first + per) - first;
+      const std::atomic_ref<uint64_t> counter = stamps(static_cast<int>(q)).taken();
+      for (size_t k; (k = take_unit(counter, g + 1, in_range)) < in_range;) {
+        const size_t begin = (first + k) * unit;
+        reduce_range(begin, std::min(a.count, begin + unit));
+      }
     }
-    mine.claims_before() += units + un;
   }
 
   ctx.phase("done");

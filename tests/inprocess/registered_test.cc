@@ -97,18 +97,20 @@ size_t first_difference(const int32_t* got, const std::vector<int32_t>& want, si
   return i;
 }
 
-// Large calls are cut into units that ranks take from a counter in rank 0's page as they come
-// free; every rank must count the counter's use alike across calls of every kind (units, static
-// slices, a fallback that takes none), or a later call's units would be skipped or done twice.
+// Large calls are cut into units that ranks take as they come free, from counters in every
+// rank's page (one per rank's range) that carry the call they count for: a count left by an
+// earlier call (units, static slices, a fallback that takes none) must read as none taken, or a
+// later call's units would be skipped or done twice.
 TEST(Registered, LargeCallsTakeUnitsAndEveryRankCountsThemAlike) {
-  // Under the sanitizers N = 3 alone (units that do not divide by N): 11 s for all three there.
-  for (int n : ranks_in_matrix({2, 3, 4}, {3})) {
+  // Under the sanitizers N = 3 alone (units that do not divide by N): 11 s for all four there.
+  for (int n : ranks_in_matrix({2, 3, 4, 6}, {3})) {
     run_ranks(n,
               [&](Communicator& comm) {
                 const int me = comm.rank();
-                // Just over 4 MiB (units from there at N = 4): 17 units of 256 KiB, the last one
-                // short; and 400 KB: static slices.
-                const size_t large = 1048583, small = 100003;
+                // Just over N MiB, where units start: 4N + 1 units of 256 KiB, the last one
+                // short, in ranges of ceil((4N + 1) / N) = 5 units (at N = 6 the last rank's range
+                // is empty); and 400 KB: static slices.
+                const size_t large = static_cast<size_t>(n) * 262144 + 7, small = 100003;
                 auto* buf = static_cast<int32_t*>(comm.alloc(large * 4));
                 auto* out = static_cast<int32_t*>(comm.alloc(large * 4));
                 std::vector<int32_t> plain(large), input(large), sum(large), max(large);
