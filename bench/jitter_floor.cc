@@ -12,7 +12,6 @@
 //   jitter bytes=1048576 procs=2 calls=100 min_us=... median_us=... max_us=... max_over_min=...
 //     over_1.15x_min=K
 // where a call's time is the slowest process's, from leaving the barrier to the end of its copy.
-#include <sched.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -28,20 +27,16 @@
 #include <string>
 #include <vector>
 
+#include "pinning.h"
+
 namespace {
+
+using bench::pin;
+using bench::usable_cpus;
 
 struct alignas(64) Barrier {
   std::atomic<uint64_t> arrived;
 };
-
-std::vector<int> usable_cpus() {
-  cpu_set_t set;
-  std::vector<int> out;
-  if (sched_getaffinity(0, sizeof set, &set) != 0) return out;
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &set)) out.push_back(c);
-  return out;
-}
 
 size_t parse_bytes(const char* s) {
   char* end = nullptr;
@@ -87,10 +82,7 @@ std::vector<double> round_times(const std::vector<int>& cpus, int procs, size_t 
       kids.push_back(pid);
       continue;
     }
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpus[static_cast<size_t>(p) % cpus.size()], &set);
-    if (sched_setaffinity(0, sizeof set, &set) != 0) std::perror("sched_setaffinity");
+    if (!pin(cpus[static_cast<size_t>(p) % cpus.size()])) std::perror("sched_setaffinity");
     alarm(120);  // a lost process must not keep the others spinning
     std::vector<char> src(bytes, 1), dst(bytes, 0);
     for (long c = 0; c < kWarm + calls; ++c) {

@@ -31,27 +31,16 @@
 #include <new>
 #include <vector>
 
+#include "pinning.h"
+
 namespace {
+
+using bench::pin;
+using bench::usable_cpus;
 
 struct alignas(64) Line {
   std::atomic<uint64_t> seq;
 };
-
-std::vector<int> usable_cpus() {
-  cpu_set_t set;
-  std::vector<int> out;
-  if (sched_getaffinity(0, sizeof set, &set) != 0) return out;
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &set)) out.push_back(c);
-  return out;
-}
-
-bool pin(int cpu) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  return sched_setaffinity(0, sizeof set, &set) == 0;
-}
 
 // Runs `iters` exchanges between two processes, process p pinned to cpus[p]; returns us per op
 // as the parent saw it (and sched_yield calls per op, both processes together, through

@@ -1,0 +1,29 @@
+// The CPUs a floor benchmark may use and pinning a process to one (bench/latency_floor.cc,
+// bench/jitter_floor.cc): each measures what one or two pinned processes can do.
+#pragma once
+
+#include <sched.h>
+
+#include <vector>
+
+namespace bench {
+
+// The CPUs this process may run on, in order.
+inline std::vector<int> usable_cpus() {
+  cpu_set_t set;
+  std::vector<int> out;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return out;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) out.push_back(c);
+  return out;
+}
+
+// Pins the calling process to one CPU; false if the kernel refused.
+inline bool pin(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  return sched_setaffinity(0, sizeof set, &set) == 0;
+}
+
+}  // namespace bench
