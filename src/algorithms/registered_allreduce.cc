@@ -111,7 +111,7 @@ size_t claim_unit(size_t count, size_t n, size_t elem) {
 }
 
 // A range's counter holds the call it counts for (the low 40 bits of its number) above the units
-// taken so far (24 bits: a range has at most 2^24 units of 256 KiB). A count tagged with another
+// taken so far (24 bits; claim_unit gives a range about 16). A count tagged with another
 // call is that call's leftover and reads as none taken: no rank can still be taking units of an
 // earlier call, since every rank finished it before stamping this call's "ready".
 constexpr unsigned kTakenBits = 24;
