@@ -24,9 +24,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
-#include <string>
 #include <vector>
 
+#include "core/config.h"
 #include "pinning.h"
 
 namespace {
@@ -37,17 +37,6 @@ using bench::usable_cpus;
 struct alignas(64) Barrier {
   std::atomic<uint64_t> arrived;
 };
-
-size_t parse_bytes(const char* s) {
-  char* end = nullptr;
-  const double v = std::strtod(s, &end);
-  const std::string unit = end ? end : "";
-  double mult = 1;
-  if (unit == "K" || unit == "k") mult = 1024.0;
-  if (unit == "M" || unit == "m") mult = 1024.0 * 1024;
-  if (unit == "G" || unit == "g") mult = 1024.0 * 1024 * 1024;
-  return v > 0 ? static_cast<size_t>(v * mult) : 0;
-}
 
 // Every process arrives once per call; the n-th call's barrier opens at n * procs arrivals.
 void meet(Barrier* b, uint64_t call, int procs) {
@@ -115,6 +104,11 @@ std::vector<double> round_times(const std::vector<int>& cpus, int procs, size_t 
   return out;
 }
 
+size_t core_size(const char* text) {
+  const auto v = ringreduce::core::parse_size(text);
+  return v ? static_cast<size_t>(*v) : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -124,7 +118,8 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const bool more = i + 1 < argc;
     if (std::strcmp(argv[i], "-s") == 0 && more) {
-      bytes = parse_bytes(argv[++i]);
+      // The library's size syntax (65536, 64K, 4M), as its settings take it.
+      bytes = core_size(argv[++i]);
     } else if (std::strcmp(argv[i], "-n") == 0 && more) {
       calls = std::atol(argv[++i]);
     } else if (std::strcmp(argv[i], "-r") == 0 && more) {
@@ -140,7 +135,9 @@ int main(int argc, char** argv) {
   const std::vector<int> cpus = usable_cpus();
   if (procs <= 0) procs = static_cast<int>(cpus.size());
   if (bytes == 0 || calls <= 0 || rounds <= 0 || cpus.empty() || procs > 64) {
-    std::fprintf(stderr, "jitter_floor: -s, -n, -r must be positive, -p at most 64\n");
+    std::fprintf(stderr,
+                 "jitter_floor: -s takes a size such as 65536, 64K or 4M; -n and -r must be "
+                 "positive, -p at most 64\n");
     return 2;
   }
   for (int r = 0; r < rounds; ++r) {
