@@ -25,8 +25,11 @@ N, one row per size with:
 Where OUTDIR/raw has latency_N<n>_r<round>.txt (bench/latency_floor), each N also gets a table
 of the sizes up to --tiny (64 B) against the latency floor of that N's rounds (their least):
     N <= cores: one exchange of a cache line between two cores (a lower bound for N > 2);
-    N > cores:  (m - 1) process switches, m = ranks per core: each core runs its m ranks in turn,
-                and an op completes every m - 1 turns (one switch each) once they are in step;
+    N > cores:  N processes placed as the ranks are (r on core r mod cores), each op every one
+                writing its line and seeing all others' (latency_floor -p N, "crowded"): each core
+                runs its m ranks in turn, m - 1 process switches per op, and an op ends when the
+                slower core's switches have; without that run, (m - 1) single switches, a lower
+                floor that leaves out the cores' wait for each other;
 and ringreduce's and the better MPI's time over it, and whether half the MPI's time (issue 19's
 target for 4 B) is above the floor at all.
 """
@@ -50,7 +53,7 @@ MPIS = ["ompi", "mpich"]
 STREAM_RE = re.compile(
     r"^stream (?P<kernel>\w+) threads=(?P<threads>\d+) size=(?P<size>\d+) .*?"
     r"best_GBps_rw=(?P<rw>[0-9.]+) copy_GBps=(?P<copy>[0-9.]+)", re.M)
-LATENCY_RE = re.compile(r"^floor (?P<mode>cross-core|same-core) .*?us_per_op=(?P<us>[0-9.]+)", re.M)
+LATENCY_RE = re.compile(r"^floor (?P<mode>cross-core|same-core|crowded) .*?us_per_op=(?P<us>[0-9.]+)", re.M)
 # The kernels whose bandwidth is the machine's limit (stream_copy.cc); glibc's "copy" only when a
 # run has nothing else (outputs of an older stream_copy).
 LIMIT_KERNELS = ("nt", "movsb", "add", "add_nt")
@@ -75,10 +78,14 @@ def latency_floor(n, cores, lat):
     if m <= 1:
         v = lat.get("cross-core")
         return (min(v), "one cross-core exchange") if v else None
+    switches = f"{m - 1} process switch{'es' if m > 2 else ''} per core and op ({m} ranks per core)"
+    v = lat.get("crowded")
+    if v:
+        return min(v), f"{n} pinned processes exchanging lines, {switches}"
     v = lat.get("same-core")
     if not v:
         return None
-    return (m - 1) * min(v), f"{m - 1} process switch{'es' if m > 2 else ''} ({m} ranks per core)"
+    return (m - 1) * min(v), switches
 
 
 def latency_table(n, cores, lat, rows, tiny):

@@ -14,9 +14,10 @@
 #               mpiexec.mpich -bind-to core -n N build/bench/peers/mpich_allreduce ... -i 1
 #   stream      build/bench/stream_copy -t 1,NCORES (memory bandwidth of one and of all cores, for
 #               each of its kernels: memcpy, non-temporal copy, rep movsb, a += b, c = a + b)
-#   latency     build/bench/latency_floor -r 1 (what a small allreduce cannot beat: one exchange of
-#               a cache line between two cores, and one process switch when ranks share a core;
-#               the table compares the sizes up to 64 B with it)
+#   latency     build/bench/latency_floor -r 1 -p N (what a small allreduce cannot beat: one
+#               exchange of a cache line between two cores, one process switch, and N pinned
+#               processes exchanging lines when ranks share cores; the table compares the sizes
+#               up to 64 B with it)
 # For each N, ROUNDS interleaved rounds run every library once (the order rotates per round).
 # Raw outputs go to OUTDIR/raw/, a log of every run to OUTDIR/runs.log, and the markdown table
 # made by bench/make_shm_table.py to OUTDIR/table.md: best-of-rounds busbw per size for each
@@ -75,7 +76,7 @@ INSTALL=1
 BUILD_STEP=1
 NCORES=$(nproc)
 
-usage() { sed -n '35,48p' "$ROOT/bench/shm_compare.sh" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '36,49p' "$ROOT/bench/shm_compare.sh" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while [ $# -gt 0 ]; do
   case "$1" in
     -o) OUT=$2; shift 2 ;;
@@ -284,7 +285,7 @@ run_lib() {  # run_lib LIB N ROUND
       if [ ! -x "$BUILD/bench/latency_floor" ]; then
         say "skip latency: $BUILD/bench/latency_floor not built"; return 0
       fi
-      run "$name" "$RUN_TIMEOUT" "$BUILD/bench/latency_floor" -r 1 || true ;;
+      run "$name" "$RUN_TIMEOUT" "$BUILD/bench/latency_floor" -r 1 -p "$n" || true ;;
     *) say "unknown library $lib" ;;
   esac
 }
