@@ -1,5 +1,6 @@
-// The CPUs a floor benchmark may use and pinning a process to one (bench/latency_floor.cc,
-// bench/jitter_floor.cc): each measures what one or two pinned processes can do.
+// The CPUs a floor benchmark may use and pinning the calling thread to one (bench/latency_floor.cc,
+// bench/jitter_floor.cc, bench/stream_copy.cc): each measures what pinned processes or threads
+// can do.
 #pragma once
 
 #include <sched.h>
@@ -18,7 +19,8 @@ inline std::vector<int> usable_cpus() {
   return out;
 }
 
-// Pins the calling process to one CPU; false if the kernel refused.
+// Pins the calling thread (a process's only one, or one of stream_copy's) to one CPU; false if
+// the kernel refused.
 inline bool pin(int cpu) {
   cpu_set_t set;
   CPU_ZERO(&set);

@@ -58,9 +58,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "core/config.h"  // core::parse_size: the library's size syntax
+#include "pinning.h"
 
 namespace {
 
@@ -80,58 +84,12 @@ constexpr std::size_t kPage = 4096;
   std::exit(2);
 }
 
-bool parse_size(const char* s, std::size_t* out) {
-  char* end = nullptr;
-  errno = 0;
-  const double v = std::strtod(s, &end);
-  if (end == s || errno != 0 || v <= 0) return false;
-  double mul = 1;
-  if (*end) {
-    switch (*end) {
-      case 'k':
-      case 'K':
-        mul = 1024.0;
-        break;
-      case 'm':
-      case 'M':
-        mul = 1024.0 * 1024;
-        break;
-      case 'g':
-      case 'G':
-        mul = 1024.0 * 1024 * 1024;
-        break;
-      default:
-        return false;
-    }
-    if (end[1] != '\0' && std::strcmp(end + 1, "B") != 0 && std::strcmp(end + 1, "iB") != 0)
-      return false;
-  }
-  *out = static_cast<std::size_t>(v * mul);
-  return true;
-}
-
 bool parse_int(const char* s, int* out) {
   char* end = nullptr;
   const long v = std::strtol(s, &end, 10);
   if (end == s || *end != '\0' || v <= 0 || v > 1 << 20) return false;
   *out = static_cast<int>(v);
   return true;
-}
-
-// The CPUs this process may run on, in increasing order.
-std::vector<int> allowed_cpus() {
-  std::vector<int> cpus;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0) {
-    for (int c = 0; c < CPU_SETSIZE; ++c)
-      if (CPU_ISSET(c, &set)) cpus.push_back(c);
-  }
-  if (cpus.empty()) {
-    const long n = sysconf(_SC_NPROCESSORS_ONLN);
-    for (long c = 0; c < std::max(1L, n); ++c) cpus.push_back(static_cast<int>(c));
-  }
-  return cpus;
 }
 
 // The kernels. Each works on one thread's arrays of `n` bytes (a multiple of 4 KiB).
@@ -244,10 +202,7 @@ Mode run_mode(const KernelInfo& k, int threads, std::size_t total, int reps, int
   Clock::time_point t0;
 
   auto body = [&](int i) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpus[static_cast<std::size_t>(i) % cpus.size()], &set);
-    if (pthread_setaffinity_np(pthread_self(), sizeof set, &set) != 0) failed = true;
+    if (!bench::pin(cpus[static_cast<std::size_t>(i) % cpus.size()])) failed = true;
 
     std::vector<std::unique_ptr<Array>> arrays;
     unsigned char* arr[3] = {};
@@ -319,7 +274,8 @@ std::vector<std::string> split(const std::string& list) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::vector<int> cpus = allowed_cpus();
+  std::vector<int> cpus = bench::usable_cpus();
+  if (cpus.empty()) cpus.push_back(0);
   std::size_t size = std::size_t{256} << 20;
   std::vector<int> thread_counts;
   std::vector<const KernelInfo*> kernels;
@@ -332,9 +288,12 @@ int main(int argc, char** argv) {
     if (i + 1 >= argc) usage(("missing value for " + a).c_str());
     const char* v = argv[++i];
     switch (a[1]) {
-      case 's':
-        if (!parse_size(v, &size)) usage((std::string("not a size: ") + v).c_str());
+      case 's': {
+        const std::optional<uint64_t> parsed = ringreduce::core::parse_size(v);
+        if (!parsed || *parsed == 0) usage((std::string("not a size: ") + v).c_str());
+        size = static_cast<std::size_t>(*parsed);
         break;
+      }
       case 't':
         thread_counts.clear();
         for (const std::string& item : split(v)) {
