@@ -6,8 +6,9 @@
 // time algbw busbw #wrong | algorithm. algbw = size / time; busbw = algbw x the collective's bus
 // factor (allreduce 2(n-1)/n; reduce_scatter, allgather, alltoall (n-1)/n; broadcast, reduce 1),
 // so busbw compares with the link's bandwidth whatever the rank count. Time is the slowest rank's
-// mean over the timed iterations (-a picks another: nccl-tests' --average). #wrong counts
-// elements, over all ranks, that differ from the exact answer (inputs are small integers, so
+// mean over the timed iterations (-a picks another: nccl-tests' --average), the loop timed as a
+// whole; for calls under 1 ms the spread below comes from a second loop of as many calls. #wrong
+// counts elements, over all ranks, that differ from the exact answer (inputs are small integers, so
 // every answer is exact). Exits non-zero if any is. The options: perf_args.cc.
 // After the algorithm, how stable the times are, out of place then in place: the first call of
 // the size (from a barrier, before any warm-up: what a training job's first step pays), and the
@@ -351,9 +352,21 @@ Result measure(Bench& b, bool in_place) {
     // Adaptive: aim for target_seconds per measurement.
     iters = static_cast<long>(std::clamp(b.args.target_seconds / one, 5.0, 20000.0));
   }
-  // The clock is read after every `per` calls, so that its ~25 ns stay under 0.5% of what it
-  // times: each call for calls of 5 us or more, blocks of calls below (whose mean is then each
-  // call's time in the spread). The mean is the loop's total.
+  // The mean of calls under 1 ms comes from a loop timed as a whole, as nccl-tests and the MPI
+  // peers (bench/peers) time theirs: reading the clock after each call costs more than its ~25 ns
+  // where ranks share a core, since after every process switch the clock's code and data pages
+  // miss the emptied TLB (4 B at N = 4 on 2 cores: 0.25 us of 6.3, docs/PERFORMANCE.md).
+  double whole = 0;
+  const bool separate_mean = one < 1e-3;
+  if (separate_mean) {
+    comm.barrier();
+    const auto m0 = Clock::now();
+    for (long i = 0; i < iters; ++i) step();
+    whole = seconds(Clock::now() - m0) / static_cast<double>(iters);
+  }
+  // The spread: the clock is read after every `per` calls, so that its ~25 ns stay under 0.5% of
+  // what it times: each call for calls of 5 us or more, blocks of calls below (whose mean is then
+  // each call's time in the spread). From 1 ms the mean is this loop's total.
   const long per = std::max(1L, static_cast<long>(5e-6 / one));
   std::vector<double> per_call;
   per_call.reserve(static_cast<size_t>(iters / per + 1));
@@ -371,8 +384,8 @@ Result measure(Bench& b, bool in_place) {
   }
   std::sort(per_call.begin(), per_call.end());
   // The mean, min, median and max of the slowest rank (or as -a says), in one collective.
-  double stats[4] = {seconds(prev - t0) / static_cast<double>(iters), per_call.front(),
-                     per_call[per_call.size() / 2], per_call.back()};
+  double stats[4] = {separate_mean ? whole : seconds(prev - t0) / static_cast<double>(iters),
+                     per_call.front(), per_call[per_call.size() / 2], per_call.back()};
   report_over_ranks(comm, stats, 4, b.args.report);
   res.time_us = stats[0] * 1e6;
   res.min_us = stats[1] * 1e6;
