@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "core/config.h"
-#include "pinning.h"
+#include "floor_common.h"
 
 namespace {
 
@@ -113,40 +113,47 @@ size_t core_size(const char* text) {
 
 int main(int argc, char** argv) {
   size_t bytes = 1 << 20;
-  long calls = 100;
-  int rounds = 3, procs = 0;
+  long calls = 100, rounds = 3, procs = 0;
+  struct Option {
+    const char* flag;
+    long* value;
+    long lo, hi;
+  };
+  const Option options[] = {
+      {"-n", &calls, 1, 1000000}, {"-r", &rounds, 1, 1000}, {"-p", &procs, 0, 64}};
   for (int i = 1; i < argc; ++i) {
-    const bool more = i + 1 < argc;
-    if (std::strcmp(argv[i], "-s") == 0 && more) {
+    const Option* o = nullptr;
+    for (const Option& c : options)
+      if (std::strcmp(argv[i], c.flag) == 0) o = &c;
+    bool ok = i + 1 < argc;
+    if (ok && std::strcmp(argv[i], "-s") == 0) {
       // The library's size syntax (65536, 64K, 4M), as its settings take it.
       bytes = core_size(argv[++i]);
-    } else if (std::strcmp(argv[i], "-n") == 0 && more) {
-      calls = std::atol(argv[++i]);
-    } else if (std::strcmp(argv[i], "-r") == 0 && more) {
-      rounds = std::atoi(argv[++i]);
-    } else if (std::strcmp(argv[i], "-p") == 0 && more) {
-      procs = std::atoi(argv[++i]);
+      ok = bytes > 0;
     } else {
+      ok = ok && o && bench::parse_long(argv[++i], o->lo, o->hi, o->value);
+    }
+    if (!ok) {
       std::fprintf(stderr,
-                   "usage: jitter_floor [-s BYTES=1M] [-n CALLS=100] [-r ROUNDS=3] [-p PROCS]\n");
+                   "usage: jitter_floor [-s BYTES=1M] [-n CALLS=100] [-r ROUNDS=3] [-p PROCS]\n"
+                   "  BYTES a size such as 65536, 64K or 4M; CALLS 1 to 1000000, ROUNDS 1 to "
+                   "1000, PROCS 0 (the cores) to 64\n");
       return 2;
     }
   }
   const std::vector<int> cpus = usable_cpus();
-  if (procs <= 0) procs = static_cast<int>(cpus.size());
-  if (bytes == 0 || calls <= 0 || rounds <= 0 || cpus.empty() || procs > 64) {
-    std::fprintf(stderr,
-                 "jitter_floor: -s takes a size such as 65536, 64K or 4M; -n and -r must be "
-                 "positive, -p at most 64\n");
-    return 2;
+  if (cpus.empty()) {
+    std::fprintf(stderr, "jitter_floor: no usable cpu\n");
+    return 1;
   }
-  for (int r = 0; r < rounds; ++r) {
-    std::vector<double> t = round_times(cpus, procs, bytes, calls);
+  if (procs == 0) procs = static_cast<long>(cpus.size());
+  for (long r = 0; r < rounds; ++r) {
+    std::vector<double> t = round_times(cpus, static_cast<int>(procs), bytes, calls);
     std::sort(t.begin(), t.end());
     const double lo = t.front(), hi = t.back();
     const long over = std::count_if(t.begin(), t.end(), [&](double v) { return v > 1.15 * lo; });
     std::printf(
-        "jitter bytes=%zu procs=%d calls=%ld min_us=%.2f median_us=%.2f max_us=%.2f "
+        "jitter bytes=%zu procs=%ld calls=%ld min_us=%.2f median_us=%.2f max_us=%.2f "
         "max_over_min=%.2f over_1.15x_min=%ld\n",
         bytes, procs, calls, lo, t[t.size() / 2], hi, hi / lo, over);
     std::fflush(stdout);

@@ -34,8 +34,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -43,7 +43,7 @@
 #include <new>
 #include <vector>
 
-#include "pinning.h"
+#include "floor_common.h"
 
 namespace {
 
@@ -132,31 +132,27 @@ double run_ops(const std::vector<int>& cpu_of, long iters, Wait wait, double* yi
 
 }  // namespace
 
-// A whole decimal number, or false for anything else ("x", "4k", "").
-bool parse_long(const char* s, long* out) {
-  char* end = nullptr;
-  errno = 0;
-  *out = std::strtol(s, &end, 10);
-  return errno == 0 && end != s && *end == '\0';
-}
-
 int main(int argc, char** argv) {
   long iters = 1000000;
   long rounds = 3;
   long procs = 0;
+  struct Option {
+    const char* flag;
+    long* value;
+    long lo, hi;
+  };
+  const Option options[] = {
+      {"-n", &iters, 1, LONG_MAX}, {"-r", &rounds, 1, 1000}, {"-p", &procs, 0, 4096}};
   for (int i = 1; i < argc; ++i) {
-    long* value = std::strcmp(argv[i], "-n") == 0   ? &iters
-                  : std::strcmp(argv[i], "-r") == 0 ? &rounds
-                  : std::strcmp(argv[i], "-p") == 0 ? &procs
-                                                    : nullptr;
-    if (!value || i + 1 >= argc || !parse_long(argv[++i], value)) {
-      std::fprintf(stderr, "usage: latency_floor [-n ITERS=1000000] [-r ROUNDS=3] [-p PROCS]\n");
+    const Option* o = nullptr;
+    for (const Option& c : options)
+      if (std::strcmp(argv[i], c.flag) == 0) o = &c;
+    if (!o || i + 1 >= argc || !bench::parse_long(argv[++i], o->lo, o->hi, o->value)) {
+      std::fprintf(stderr,
+                   "usage: latency_floor [-n ITERS=1000000] [-r ROUNDS=3] [-p PROCS]\n"
+                   "  ITERS at least 1, ROUNDS 1 to 1000, PROCS 0 to 4096\n");
       return 2;
     }
-  }
-  if (iters <= 0 || rounds <= 0 || rounds > 1000 || procs < 0 || procs > 4096) {
-    std::fprintf(stderr, "latency_floor: -n must be positive, -r 1 to 1000, -p 0 to 4096\n");
-    return 2;
   }
   const std::vector<int> cpus = usable_cpus();
   if (cpus.empty()) {

@@ -64,7 +64,7 @@
 #include <vector>
 
 #include "core/config.h"  // core::parse_size: the library's size syntax
-#include "pinning.h"
+#include "floor_common.h"
 
 namespace {
 
@@ -84,10 +84,10 @@ constexpr std::size_t kPage = 4096;
   std::exit(2);
 }
 
+// A whole number from 1 to 2^20 (thread and repetition counts).
 bool parse_int(const char* s, int* out) {
-  char* end = nullptr;
-  const long v = std::strtol(s, &end, 10);
-  if (end == s || *end != '\0' || v <= 0 || v > 1 << 20) return false;
+  long v = 0;
+  if (!bench::parse_long(s, 1, 1 << 20, &v)) return false;
   *out = static_cast<int>(v);
   return true;
 }

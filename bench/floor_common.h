@@ -1,10 +1,12 @@
-// The CPUs a floor benchmark may use and pinning the calling thread to one (bench/latency_floor.cc,
-// bench/jitter_floor.cc, bench/stream_copy.cc): each measures what pinned processes or threads
-// can do.
+// What the floor benchmarks share (bench/latency_floor.cc, bench/jitter_floor.cc,
+// bench/stream_copy.cc): the CPUs they may use, pinning the calling thread to one (each measures
+// what pinned processes or threads can do), and their whole-number options.
 #pragma once
 
 #include <sched.h>
 
+#include <cerrno>
+#include <cstdlib>
 #include <vector>
 
 namespace bench {
@@ -26,6 +28,16 @@ inline bool pin(int cpu) {
   CPU_ZERO(&set);
   CPU_SET(cpu, &set);
   return sched_setaffinity(0, sizeof set, &set) == 0;
+}
+
+// A whole decimal number in [lo, hi], or false for anything else ("x", "4k", "", "5x").
+inline bool parse_long(const char* s, long lo, long hi, long* out) {
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(s, &end, 10);
+  if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi) return false;
+  *out = v;
+  return true;
 }
 
 }  // namespace bench
