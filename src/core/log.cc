@@ -17,7 +17,7 @@
 namespace ringreduce::core {
 
 const char* const kLogSubsysNames[kNumLogSubsys] = {"init",  "coll", "p2p",   "net", "shm",
-                                                    "store", "tune", "stall", "env"};
+                                                    "store", "tune", "stall", "env", "ft"};
 
 namespace {
 

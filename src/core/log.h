@@ -26,8 +26,9 @@ enum class LogSubsys : uint32_t {
   tune = 6,   // the tuner and the start-up probes
   stall = 7,  // stall reports
   env = 8,    // settings and environment (unknown RINGREDUCE_* variables)
+  ft = 9,     // fault tolerance: agreement, shrink, the control plane
 };
-inline constexpr int kNumLogSubsys = 9;
+inline constexpr int kNumLogSubsys = 10;
 extern const char* const kLogSubsysNames[kNumLogSubsys];
 
 // Current level, read from the environment on first use.

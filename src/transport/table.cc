@@ -12,12 +12,7 @@ namespace {
 // Each rank's part of what it published for one kind ("shm=...;tcp=..."), by rank; "" if none.
 std::vector<std::string> published_parts(const ConnectArgs& a, const std::string& prefix) {
   std::vector<std::string> parts;
-  for (const std::string& p : a.published) {
-    const size_t at = p.find(prefix);
-    parts.push_back(at == std::string::npos
-                        ? ""
-                        : p.substr(at + prefix.size(), p.find(';', at) - at - prefix.size()));
-  }
+  for (const std::string& p : a.published) parts.push_back(published_part(p, prefix));
   return parts;
 }
 
@@ -86,6 +81,16 @@ std::unique_ptr<LinkKind> tcp_connect(const ConnectArgs& a, const std::vector<in
 
 }  // namespace
 
+std::string published_part(const std::string& published, const std::string& prefix) {
+  size_t at = 0;
+  // At the start of the record or after a ';': "tcp=" must not match inside another field.
+  while ((at = published.find(prefix, at)) != std::string::npos && at > 0 &&
+         published[at - 1] != ';')
+    ++at;
+  if (at == std::string::npos) return "";
+  return published.substr(at + prefix.size(), published.find(';', at) - at - prefix.size());
+}
+
 Listeners::Listeners(const core::Config& config, const std::string& token,
                      const std::string& store_host) {
   if (config.str("RINGREDUCE_SHM") != "0")
@@ -99,10 +104,17 @@ Listeners::Listeners(const core::Config& config, const std::string& token,
   if (!token.empty()) tcp_nonce = core::auth::random_nonce();
   tcp_published = addr.substr(0, addr.rfind(':')) + "|" + std::to_string(bound.port()) + "|" +
                   (token.empty() ? "-" : core::auth::nonce_to_hex(tcp_nonce));
+  tcp::SockAddr ctl_bound;
+  ctl = tcp::listen_on(tcp::choose_data_address(config, store_host), &ctl_bound);
+  const std::string ctl_addr = ctl_bound.str();
+  if (!token.empty()) ctl_nonce = core::auth::random_nonce();
+  ctl_published = ctl_addr.substr(0, ctl_addr.rfind(':')) + "|" + std::to_string(ctl_bound.port()) +
+                  "|" + (token.empty() ? "-" : core::auth::nonce_to_hex(ctl_nonce));
 }
 
 std::string Listeners::published() const {
-  return (shm ? "shm=" + shm->published() + ";" : "") + "tcp=" + tcp_published;
+  return (shm ? "shm=" + shm->published() + ";" : "") + "tcp=" + tcp_published +
+         ";ctl=" + ctl_published;
 }
 
 const std::vector<KindEntry>& kind_table() {

@@ -19,8 +19,8 @@
 namespace ringreduce::transport {
 
 // The listeners a rank opens before it joins, so that what peers need to reach it travels in its
-// join record ("shm=<name>|<nonce>;tcp=<host>|<port>|<nonce>") instead of through a store key per
-// kind and peer.
+// join record ("shm=<name>|<nonce>;tcp=<host>|<port>|<nonce>;ctl=<host>|<port>|<nonce>") instead of
+// through a store key per kind and peer.
 struct Listeners {
   // RINGREDUCE_SHM decides whether there is a shared-memory one; the token, whether they carry
   // nonces; the store's host, which interface TCP listens on (tcp/socket.h).
@@ -32,7 +32,16 @@ struct Listeners {
   core::Fd tcp;
   std::string tcp_published;
   core::auth::Nonce tcp_nonce{};
+  // The control plane's listener (control.h), on the same interface: what the survivors of a
+  // failure talk over once the data links are gone.
+  core::Fd ctl;
+  std::string ctl_published;
+  core::auth::Nonce ctl_nonce{};
 };
+
+// Rank q's part of what it published (Listeners::published()) for `prefix` ("shm=", "tcp=",
+// "ctl="); "" if none.
+std::string published_part(const std::string& published, const std::string& prefix);
 
 // Everything a kind may need to connect: who we are, who the peers are, the settings.
 struct ConnectArgs {

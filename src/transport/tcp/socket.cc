@@ -211,6 +211,17 @@ bool tune_data_socket(int fd, int buffer_bytes, const std::string& congestion) {
   return ok;
 }
 
+bool parse_published(const std::string& v, SockAddr* addr, std::string* nonce) {
+  const auto a = v.find('|'), b = a == std::string::npos ? a : v.find('|', a + 1);
+  if (b == std::string::npos) return false;
+  const std::string port = v.substr(a + 1, b - a - 1);
+  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != port.npos)
+    return false;
+  if (!parse_numeric(v.substr(0, a), std::stoi(port), addr)) return false;
+  *nonce = v.substr(b + 1);
+  return true;
+}
+
 core::Fd listen_on(const SockAddr& addr, SockAddr* bound) {
   core::Fd fd(socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd.valid()) throw Error(std::string("socket() failed: ") + strerror(errno));

@@ -23,6 +23,9 @@ struct SockAddr {
 
 // Parses a numeric IPv4/IPv6 address (no name lookup) with a port.
 bool parse_numeric(const std::string& host, int port, SockAddr* out);
+// Parses what a listener publishes in its join record, "<host>|<port>|<nonce hex, or ->"
+// (transport::Listeners): the address, and the nonce's text in *nonce. False if it does not parse.
+bool parse_published(const std::string& v, SockAddr* addr, std::string* nonce);
 
 // The address this rank listens on for data connections:
 // - RINGREDUCE_SOCKET_IFNAME: "eth0" (prefix), "=eth0" (exact), "^docker,lo" (exclude);

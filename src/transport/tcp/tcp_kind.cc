@@ -79,14 +79,9 @@ std::vector<PeerAddress> TcpKind::read_addresses(const core::Config& config) con
            opts_.other_host[static_cast<size_t>(q)];
   };
   auto parse = [&](int q, PeerAddress* out) {
-    const std::string& v = opts_.published.at(static_cast<size_t>(q));
-    const auto a = v.find('|'), b = a == std::string::npos ? a : v.find('|', a + 1);
-    if (b == std::string::npos) return false;
-    const std::string port = v.substr(a + 1, b - a - 1);
-    if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != port.npos)
+    std::string nonce;
+    if (!parse_published(opts_.published.at(static_cast<size_t>(q)), &out->addr, &nonce))
       return false;
-    if (!parse_numeric(v.substr(0, a), std::stoi(port), &out->addr)) return false;
-    const std::string nonce = v.substr(b + 1);
     if (token && !core::auth::nonce_from_hex(nonce, &out->nonce))
       throw InvalidArgument("rank " + std::to_string(rank) +
                             ": RINGREDUCE_TOKEN is set here but not on rank " + std::to_string(q) +
