@@ -29,6 +29,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "ringreduce/error.h"
 #include "ringreduce/export.h"
@@ -74,6 +75,26 @@ struct CallOptions {
   // (a training step's later kernels are not held up by the communication: NCCL's internal
   // stream, DDP's overlap). The result is in recv once Work::wait_output() has returned.
   bool side_stream = false;
+};
+
+// What Communicator::agree() returns: what the ranks still alive agreed on (ULFM's
+// MPIX_Comm_agree). Every survivor gets the same values.
+struct Agreement {
+  bool flag = true;         // the AND of every survivor's flag
+  std::vector<int> failed;  // the ranks taken as failed (dead, or silent until the timeout)
+  // Over the survivors: the sequence numbers of the last collective each completed. Equal when
+  // every survivor completed the same calls; a call completed on some survivors and failed on
+  // others (a failure in its last steps) leaves them apart, so that the program can redo it or
+  // roll back alike everywhere.
+  uint64_t completed_min = 0;
+  uint64_t completed_max = 0;
+};
+
+// How Communicator::shrink() treats this rank's outstanding ops (NCCL's ncclCommShrink flags,
+// torch's SHRINK_DEFAULT and SHRINK_ABORT).
+enum class ShrinkFlags : int {
+  none = 0,   // none may be outstanding: an InvalidArgument on every survivor if one is
+  abort = 1,  // abort them first (they fail with the reason), then shrink
 };
 
 // The handle of an asynchronous op. Buffers must stay valid until the op has completed.
@@ -297,8 +318,37 @@ class RINGREDUCE_API Communicator {
   }
 
   // Fails every pending and later op with `reason` within milliseconds; callable from any
-  // thread. The communicator can be destroyed afterwards.
+  // thread, also while others are blocked in its calls, and returns at once. The peers it is
+  // linked with fail their ops with it too. Destroying an aborted communicator never waits for
+  // its peers.
   void abort(const std::string& reason);
+  // The error that aborted the communicator (an op's failure, a peer's, abort(), a shrink), or
+  // null while it is healthy. Never blocks.
+  std::exception_ptr error() const;
+  // The timeout of later calls that do not set CallOptions::timeout (Options::timeout).
+  void set_timeout(std::chrono::milliseconds timeout);
+
+  // ---- fault tolerance (docs/RELIABILITY.md, "When a rank dies") ------------------------------
+  // Collective over the ranks still alive, callable on a communicator that a failure aborted:
+  // they agree, over connections of their own (never through the store, which may have died
+  // with its host), on which ranks are gone and on the AND of `flag`. Tolerates failures while
+  // it runs; a rank silent for the timeout is taken as failed. Every survivor returns the same
+  // Agreement. The communicator itself stays as it was (aborted or not).
+  Agreement agree(bool flag = true, const CallOptions& call = {});
+  // Collective over the ranks still alive (the excluded ones do not call it): a new
+  // communicator of the survivors, ranked densely in their old order (ncclCommShrink,
+  // MPIX_Comm_shrink). `exclude` empty: the ranks the survivors agree have failed; otherwise
+  // those ranks, and any that turn out to have failed as well. Needs no store. Every survivor
+  // must pass the same `exclude` (else an InvalidArgument on all). With ShrinkFlags::none no op
+  // may be outstanding on this rank (else an InvalidArgument on every survivor); with abort they
+  // are aborted first. Afterwards this communicator is aborted (the excluded ranks that are
+  // still alive fail their ops, naming the shrink) and may be destroyed at once. A rank that
+  // dies during the shrink is found and left out: the survivors retry within the timeout.
+  Communicator shrink(std::span<const int> exclude = {}, ShrinkFlags flags = ShrinkFlags::none,
+                      const CallOptions& call = {});
+  // For a communicator made by shrink(): each rank's rank in the communicator it was shrunk
+  // from (empty otherwise).
+  std::vector<int> parent_ranks() const;
 
  private:
   explicit Communicator(std::unique_ptr<detail::CommImpl> impl);

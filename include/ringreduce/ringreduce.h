@@ -80,6 +80,26 @@ RINGREDUCE_API rr_result_t rr_comm_abort(rr_comm_t* comm, const char* reason);
  * rr_comm_destroy, independently of this one. */
 #define RR_NO_COLOR (-1)
 RINGREDUCE_API rr_result_t rr_comm_split(rr_comm_t* comm, int color, int key, rr_comm_t** out);
+/* The timeout of later calls, in seconds (> 0). */
+RINGREDUCE_API rr_result_t rr_comm_set_timeout(rr_comm_t* comm, double timeout_s);
+/* RR_OK while comm is healthy; else the code of the error that aborted it (an op's, a peer's,
+ * rr_comm_abort, a shrink), its message in rr_last_error(comm). Never blocks. */
+RINGREDUCE_API rr_result_t rr_comm_get_error(rr_comm_t* comm);
+
+/* Fault tolerance (docs/RELIABILITY.md, "When a rank dies"); Communicator::agree and ::shrink.
+ * rr_comm_agree: collective over the ranks still alive, on a communicator a failure may have
+ * aborted: *flag becomes the AND of every survivor's *flag; failed (may be NULL), room for
+ * max_failed ranks, receives the ranks taken as failed, their number in *n_failed (may be
+ * NULL). rr_comm_shrink: collective over the ranks still alive: *out is a new communicator of
+ * the survivors, ranked in their old order; exclude (n_exclude ranks; NULL and 0: the ranks the
+ * survivors agree have failed); flags RR_SHRINK_DEFAULT (no op may be outstanding) or
+ * RR_SHRINK_ABORT (abort them first). comm is aborted afterwards; destroy it at any time. */
+#define RR_SHRINK_DEFAULT 0
+#define RR_SHRINK_ABORT 1
+RINGREDUCE_API rr_result_t rr_comm_agree(rr_comm_t* comm, int* flag, int* failed, size_t max_failed,
+                                         size_t* n_failed);
+RINGREDUCE_API rr_result_t rr_comm_shrink(rr_comm_t* comm, const int* exclude, size_t n_exclude,
+                                          int flags, rr_comm_t** out);
 /* Collective: `bytes` of memory registered with this host's ranks (Communicator::alloc: large
  * allreduces on it read and write the peers' buffers in place); *ptr is NULL on an error. Valid
  * until rr_mem_free or the communicator's destruction. */

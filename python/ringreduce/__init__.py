@@ -21,6 +21,7 @@ ringreduce.__version__ is the running library's version (libringreduce's rr_vers
 from ._ringreduce import (  # noqa: F401
     ANY_SOURCE,
     NO_COLOR,
+    Agreement,
     Communicator,
     Error,
     ErrorCode,
@@ -37,6 +38,7 @@ from ._ringreduce import (  # noqa: F401
 __all__ = [
     "ANY_SOURCE",
     "NO_COLOR",
+    "Agreement",
     "Communicator",
     "Error",
     "ErrorCode",

@@ -3,6 +3,7 @@ from typing import Optional
 
 from ._ringreduce import ANY_SOURCE as ANY_SOURCE
 from ._ringreduce import NO_COLOR as NO_COLOR
+from ._ringreduce import Agreement as Agreement
 from ._ringreduce import Communicator as Communicator
 from ._ringreduce import Error as Error
 from ._ringreduce import ErrorCode as ErrorCode
@@ -18,6 +19,7 @@ from ._ringreduce import __version__ as __version__
 __all__ = [
     "ANY_SOURCE",
     "NO_COLOR",
+    "Agreement",
     "Communicator",
     "Error",
     "ErrorCode",

@@ -64,25 +64,37 @@ PYBIND11_MODULE(_ringreduce, m) {
   for (PyObject* t : {error.ptr(), timeout_error.ptr(), peer_error.ptr(), mismatch_error.ptr(),
                       invalid_argument.ptr()})
     py::handle(t).attr("__module__") = "ringreduce";
-  py::register_exception_translator([](std::exception_ptr p) {
-    auto raise = [](const py::object& type, const rr::Error& e, int peer) {
+  // The Python exception for a C++ one (null: not a ringreduce::Error), as raised and as
+  // Communicator.error() returns it.
+  static auto exception_object = [](std::exception_ptr p) -> py::object {
+    auto make = [](const py::object& type, const rr::Error& e, int peer) {
       py::object inst = type(e.what());
       inst.attr("code") = static_cast<int>(e.code());
       inst.attr("peer") = peer >= 0 ? py::object(py::int_(peer)) : py::none();
-      PyErr_SetObject(type.ptr(), inst.ptr());
+      return inst;
     };
     try {
       if (p) std::rethrow_exception(p);
     } catch (const rr::PeerError& e) {
-      raise(peer_error, e, e.peer());
+      return make(peer_error, e, e.peer());
     } catch (const rr::TimeoutError& e) {
-      raise(timeout_error, e, -1);
+      return make(timeout_error, e, -1);
     } catch (const rr::MismatchError& e) {
-      raise(mismatch_error, e, -1);
+      return make(mismatch_error, e, -1);
     } catch (const rr::InvalidArgument& e) {
-      raise(invalid_argument, e, -1);
+      return make(invalid_argument, e, -1);
     } catch (const rr::Error& e) {
-      raise(error, e, -1);
+      return make(error, e, -1);
+    } catch (...) {
+    }
+    return py::object();
+  };
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const rr::Error&) {
+      const py::object inst = exception_object(p);
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(inst.ptr())), inst.ptr());
     }
   });
 
@@ -127,6 +139,25 @@ PYBIND11_MODULE(_ringreduce, m) {
                              "For a completed recv: the rank whose message it took (None "
                              "before, and for anything else).");
 
+  py::class_<rr::Agreement>(m, "Agreement",
+                            "What Communicator.agree() returns: the same on every survivor.")
+      .def_readonly("flag", &rr::Agreement::flag, "The AND of every survivor's flag.")
+      .def_readonly("failed", &rr::Agreement::failed,
+                    "The ranks taken as failed (dead, or silent until the timeout).")
+      .def_readonly("completed_min", &rr::Agreement::completed_min,
+                    "Over the survivors: the lowest sequence number of the last collective "
+                    "each completed.")
+      .def_readonly("completed_max", &rr::Agreement::completed_max,
+                    "The highest: a call completed on some survivors and not on others leaves "
+                    "them apart.")
+      .def("__repr__", [](const rr::Agreement& a) {
+        std::string f;
+        for (int q : a.failed) f += (f.empty() ? "" : ", ") + std::to_string(q);
+        return "Agreement(flag=" + std::string(a.flag ? "True" : "False") + ", failed=[" + f +
+               "], completed=" + std::to_string(a.completed_min) + ".." +
+               std::to_string(a.completed_max) + ")";
+      });
+
   using K = PyComm::Kind;
   auto cls = py::class_<PyComm>(m, "Communicator");
   cls.def(py::init<std::optional<int>, std::optional<int>, std::optional<std::string>,
@@ -146,6 +177,58 @@ PYBIND11_MODULE(_ringreduce, m) {
       .def(
           "abort", [](PyComm& c, const std::string& reason) { c.comm()->abort(reason); },
           py::arg("reason"), "Fails every pending and later op with `reason`.")
+      .def(
+          "error",
+          [](PyComm& c) -> py::object {
+            const std::exception_ptr e = c.comm()->error();
+            return e ? exception_object(e) : py::none();
+          },
+          "The error that aborted the communicator (an op's failure, a peer's, abort(), a "
+          "shrink) as the exception it raised, or None while it is healthy. Never blocks.")
+      .def(
+          "set_timeout",
+          [](PyComm& c, double seconds) { c.comm()->set_timeout(rr::python::to_ms(seconds)); },
+          py::arg("seconds"), "The timeout of later calls that do not give their own.")
+      .def_property_readonly(
+          "parent_ranks", [](PyComm& c) { return c.comm()->parent_ranks(); },
+          "For a communicator made by shrink(): each rank's rank in the communicator it was "
+          "shrunk from ([] otherwise).")
+      .def(
+          "agree",
+          [](PyComm& c, bool flag, std::optional<double> timeout) {
+            const auto comm = c.comm();
+            rr::CallOptions call;
+            if (timeout) call.timeout = rr::python::to_ms(*timeout);
+            py::gil_scoped_release nogil;
+            return comm->agree(flag, call);
+          },
+          py::arg("flag") = true, py::arg("timeout") = py::none(),
+          "agree(flag=True): collective over the ranks still alive, also on a communicator a "
+          "failure aborted; returns an Agreement (flag: the AND of every survivor's flag, failed: "
+          "the ranks taken as failed), the same on every survivor. Needs no store.")
+      .def(
+          "shrink",
+          [](PyComm& c, std::optional<std::vector<int>> exclude, bool abort,
+             std::optional<double> timeout) {
+            const auto comm = c.comm();
+            rr::CallOptions call;
+            if (timeout) call.timeout = rr::python::to_ms(*timeout);
+            const std::vector<int> ex = exclude.value_or(std::vector<int>{});
+            std::shared_ptr<rr::Communicator> child;
+            {
+              py::gil_scoped_release nogil;
+              child = std::make_shared<rr::Communicator>(
+                  comm->shrink(ex, abort ? rr::ShrinkFlags::abort : rr::ShrinkFlags::none, call));
+            }
+            return std::make_unique<PyComm>(std::move(child));
+          },
+          py::arg("exclude") = py::none(), py::arg("abort") = false,
+          py::arg("timeout") = py::none(),
+          "shrink(exclude=None, abort=False): collective over the ranks still alive (the "
+          "excluded ones do not call it); returns a Communicator of the survivors, ranked in "
+          "their old order. exclude None: the ranks the survivors agree have failed. abort: "
+          "abort this rank's outstanding ops first (else they are an error). This communicator "
+          "is aborted afterwards. Needs no store.")
       .def(
           "split",
           [](PyComm& c, int color, std::optional<int> key) -> py::object {

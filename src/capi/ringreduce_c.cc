@@ -207,6 +207,46 @@ rr_result_t rr_comm_split(rr_comm_t* c, int color, int key, rr_comm_t** out) {
   });
 }
 
+rr_result_t rr_comm_set_timeout(rr_comm_t* c, double timeout_s) {
+  RR_CHECK_COMM(c);
+  return RR_ON(c, c->comm->set_timeout(std::chrono::milliseconds(
+                      static_cast<int64_t>(std::max(0.0, timeout_s) * 1000))));
+}
+
+rr_result_t rr_comm_get_error(rr_comm_t* c) {
+  RR_CHECK_COMM(c);
+  std::exception_ptr e = c->comm->error();
+  if (!e) return RR_OK;
+  return RR_ON(c, std::rethrow_exception(e));
+}
+
+rr_result_t rr_comm_agree(rr_comm_t* c, int* flag, int* failed, size_t max_failed,
+                          size_t* n_failed) {
+  RR_CHECK_COMM(c);
+  if (flag == nullptr || (failed == nullptr && max_failed > 0)) return RR_ERR_INVALID_ARGUMENT;
+  return RR_ON(c, {
+    const ringreduce::Agreement a = c->comm->agree(*flag != 0);
+    *flag = a.flag ? 1 : 0;
+    for (size_t i = 0; i < a.failed.size() && i < max_failed; ++i) failed[i] = a.failed[i];
+    if (n_failed) *n_failed = a.failed.size();
+  });
+}
+
+rr_result_t rr_comm_shrink(rr_comm_t* c, const int* exclude, size_t n_exclude, int flags,
+                           rr_comm_t** out) {
+  RR_CHECK_COMM(c);
+  if (out == nullptr || (exclude == nullptr && n_exclude > 0)) return RR_ERR_INVALID_ARGUMENT;
+  *out = nullptr;
+  return RR_ON(c, {
+    ringreduce::Communicator child = c->comm->shrink(std::span<const int>(exclude, n_exclude),
+                                                     static_cast<ringreduce::ShrinkFlags>(flags));
+    auto w = std::make_unique<rr_comm>();
+    w->comm = std::make_unique<ringreduce::Communicator>(std::move(child));
+    make_live(w.get());
+    *out = w.release();
+  });
+}
+
 rr_result_t rr_mem_alloc(rr_comm_t* c, size_t bytes, void** ptr) {
   RR_CHECK_COMM(c);
   if (ptr == nullptr) return RR_ERR_INVALID_ARGUMENT;

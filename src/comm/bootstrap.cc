@@ -9,6 +9,7 @@
 #include <optional>
 #include <random>
 
+#include "comm/agree.h"
 #include "comm/comm_impl.h"
 #include "comm/device.h"
 #include "comm/errors.h"
@@ -44,6 +45,8 @@ CommImpl::CommImpl(const Options& options, const SplitFrom* from)
   try {
     init(options, from);
   } catch (const Error& e) {
+    // A shrink's: no store to mark, no join to fail; shrink() says what it was making.
+    if (from && from->shrink) throw;
     // A peer lost during the start-up probes may have left because the job failed elsewhere (the
     // other ranks may already be in their first op, and fail it): that cause is the error.
     if (e.code() == ErrorCode::peer && transport_) {
@@ -211,7 +214,7 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
   const double timeout_s = config_.number("RINGREDUCE_TIMEOUT");
   if (!(timeout_s > 0)) throw InvalidArgument("RINGREDUCE_TIMEOUT must be > 0 seconds");
   timeout_ = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
-  const auto deadline = core::Deadline::after(timeout_);
+  const auto deadline = core::Deadline::after(timeout_.load());
   // This rank's own settings first, before anything waits on the others: a bad value fails
   // every rank that has it at once, each naming its own.
   const int64_t channels = config_.integer("RINGREDUCE_CHANNELS");
@@ -232,8 +235,8 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
   // Where the stall monitor gets its own store client (TCP launches), or the store to share.
   std::function<std::shared_ptr<Store>()> stall_store;
   if (from) {
-    // A split: rank and size from the parent's groups, its store (under a prefix of this split's
-    // own), its data interface, its job's ranks on this host, its store server.
+    // A split or a shrink: rank and size from the parent's groups, its store (under a prefix of
+    // this one's own), its data interface, its job's ranks on this host, its store server.
     rank_ = *options.rank;
     rank_known_ = true;
     size_ = *options.world_size;
@@ -242,7 +245,7 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
       return std::make_shared<PrefixStore>(parent(), prefix);
     };
     store_host = from->store_host;
-    local_size = from->local_size;
+    local_size = from->shrink ? -1 : from->local_size;  // a shrink's: counted from its hosts
     store_server_ = from->server;
   } else if (options.store) {
     // In-process: rank and size must be given; no launcher, no TCP store.
@@ -278,7 +281,7 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
     }
     // Under torchrun's agent store, torch's TCPStore is already there: every rank is its client.
     auto tcp = rendezvous::connect_store(launch.store_host, launch.store_port, launch.torch_store,
-                                         timeout_, token);
+                                         timeout_.load(), token);
     // Under the job's own id where the launcher gives one, so that a store reused by several
     // jobs never mixes their keys.
     const std::string job = rendezvous::job_id(config_);
@@ -289,7 +292,7 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
     // must fail fast, not hold up the communicator's destruction for RINGREDUCE_TIMEOUT.
     stall_store = [host = launch.store_host, port = launch.store_port, prefix, token,
                    torch = launch.torch_store,
-                   t = std::min(timeout_, std::chrono::milliseconds(5000))] {
+                   t = std::min(timeout_.load(), std::chrono::milliseconds(5000))] {
       return std::make_shared<PrefixStore>(rendezvous::connect_store(host, port, torch, t, token),
                                            prefix);
     };
@@ -356,10 +359,18 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
                                : "id:" + config_.str("RINGREDUCE_HOST_ID");
   hosts[static_cast<size_t>(rank_)] = mine;
   // Listening before joining: what the peers need to reach this rank goes in its record.
-  std::optional<transport::Listeners> listeners;
+  std::optional<transport::Listeners> own_listeners;
+  transport::Listeners* listeners = nullptr;
   std::vector<std::string> published;
-  if (size_ > 1) {
-    listeners.emplace(config_, token, store_host);
+  if (from && from->shrink) {
+    // A shrink: the survivors agreed on all of it over the parent's control plane (shrink.cc).
+    comm_id = from->shrink->comm_id;
+    hosts = from->shrink->hosts;
+    published = from->shrink->published;
+    listeners = from->shrink->listeners;
+    parent_ranks_ = from->shrink->parent_ranks;
+  } else if (size_ > 1) {
+    listeners = &own_listeners.emplace(config_, token, store_host);
     rendezvous::JoinRecord record;
     record.rank = rank_;
     record.world_size = size_;
@@ -369,7 +380,7 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
     record.where = "host " + std::string(hostname) + " pid " + std::to_string(getpid());
     record.settings = agreed_settings(config_);
     record.links = listeners->published();
-    const rendezvous::JobTable table = rendezvous::join(startup, record, comm_id, timeout_);
+    const rendezvous::JobTable table = rendezvous::join(startup, record, comm_id, timeout_.load());
     comm_id = table.comm_id;
     hosts = table.hosts;
     published = table.links;
@@ -413,9 +424,12 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
                             ? static_cast<int>(config_.integer("RINGREDUCE_SPIN_US"))
                             : (oversubscribed ? 20 : 50);
   args.engine.oversubscribed = oversubscribed;
-  args.published = std::move(published);
-  args.check_failed = [&startup = *startup_store_] { startup.throw_if_failed(); };
-  args.listeners = listeners ? &*listeners : nullptr;
+  args.published = published;  // kept: a shrink needs it (published_)
+  if (from && from->shrink)
+    args.check_failed = from->shrink->check_failed;  // no store: the agreement's peers
+  else
+    args.check_failed = [&startup = *startup_store_] { startup.throw_if_failed(); };
+  args.listeners = listeners;
   // Enough yields for every rank that shares this core to run twice.
   if (oversubscribed) args.engine.max_idle_yields = 4 * crowding;
   // Every rank routes each pair alike (the transport table over the same host identities):
@@ -431,10 +445,36 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
   setup.window = transport_->window() != nullptr;
   setup.host_size = host_size_ < size_ ? host_size_ : 0;
   tuner_ = std::make_unique<tuner::Tuner>(config_, setup);
-  if (same_host < size_)
+  if (from && from->shrink) {
+    // The parent's measured costs where its links were of the same kind (the survivors' links
+    // are a subset of its links); the defaults otherwise. Probing again would cost a shrink
+    // ~100 ms, and across hosts it goes through the store, which may be gone.
+    const std::string kind = same_host < size_ ? "net" : transport_->traits().name;
+    if (from->shrink->costs && from->shrink->cost_kind == kind) {
+      tuner_->set_costs(*from->shrink->costs);
+      cost_kind_ = kind;
+    }
+  } else if (same_host < size_) {
     probe_network(hosts, deadline);
-  else if (size_ > 1)
+  } else if (size_ > 1) {
     probe_links(deadline);
+  }
+  // What a later shrink builds from: who is where, how to reach them without the store.
+  comm_id_ = comm_id;
+  hosts_ = hosts;
+  published_ = published;
+  if (size_ > 1 && listeners && listeners->ctl.valid()) {
+    transport::ControlPlane::Options c;
+    c.rank = rank_;
+    c.size = size_;
+    c.comm_id = comm_id;
+    c.token = token;
+    c.listener = std::move(listeners->ctl);
+    c.nonce = listeners->ctl_nonce;
+    for (const std::string& p : published)
+      c.published.push_back(transport::published_part(p, "ctl="));
+    control_ = std::make_unique<ControlChannel>(std::move(c));
+  }
   // Always there with 2+ ranks: besides the warnings it finds mismatches no message shows.
   if (size_ > 1)
     stall_ = std::make_unique<StallMonitor>(

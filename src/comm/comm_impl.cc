@@ -1,4 +1,5 @@
 #include "comm/comm_impl.h"
+#include "comm/agree.h"
 #include "comm/device.h"
 
 #include <sstream>
@@ -68,7 +69,7 @@ void CommImpl::prepare(OpState& op, const algorithms::Args& args, const CallOpti
   op.args = args;
   op.async = async;
   op.comm = this;
-  op.timeout = call.timeout.value_or(timeout_);
+  op.timeout = call.timeout.value_or(timeout_.load());
   op.premul_factor = call.premul_factor;
   op.plan = tuner_->choose(args);
   auto& t = op.tag;
@@ -109,7 +110,7 @@ std::optional<CommImpl::CallShape> CommImpl::shape_of(const algorithms::Args& ar
   s.send_null = args.send == nullptr;
   s.recv_null = args.recv == nullptr;
   s.in_place = args.send == args.recv;
-  s.timeout = call.timeout.value_or(timeout_);
+  s.timeout = call.timeout.value_or(timeout_.load());
   s.premul_factor = call.premul_factor;
   s.tuner_generation = tuner_->generation();
   return s;
@@ -393,6 +394,7 @@ std::exception_ptr CommImpl::execute(OpState& op) {
       error = std::make_exception_ptr(Error(prefix() + e.what()));
     }
     if (stall_) stall_->op_ended();
+    if (!error) completed_.store(op.tag.seq, std::memory_order_relaxed);
     if (timeline_) trace_op(op, traced_since, error != nullptr);
     if (error) error = fail_communicator(error, prefix);
   }
@@ -531,6 +533,19 @@ void CommImpl::abort(const std::string& reason) {
   lk.unlock();
   for (auto& op : failed) fire_callback(*op);
   if (timeline_) timeline_->flush();  // the events up to the abort, should the process die
+}
+
+std::exception_ptr CommImpl::error() {
+  if (!aborted_.load()) return nullptr;
+  std::lock_guard<std::mutex> lk(mu_);
+  return abort_error_;
+}
+
+void CommImpl::set_timeout(std::chrono::milliseconds timeout) {
+  if (timeout.count() <= 0)
+    throw InvalidArgument("rank " + std::to_string(rank_) + ": set_timeout: " +
+                          std::to_string(timeout.count()) + " ms is not a timeout (> 0)");
+  timeout_.store(timeout);
 }
 
 void* CommImpl::scratch(size_t bytes) {

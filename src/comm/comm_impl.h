@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,6 +30,10 @@
 #include "transport/engine.h"
 #include "transport/link.h"
 #include "tuner/tuner.h"
+
+namespace ringreduce::transport {
+struct Listeners;
+}  // namespace ringreduce::transport
 
 namespace ringreduce::rendezvous {
 class TcpStoreServer;
@@ -89,13 +94,33 @@ struct P2pArgs {
 // rendezvous server), how to reach it for stall reports, the data interface's host, the job's
 // ranks on this host (its cores are shared with the other groups), and the store server, which
 // must live as long as any communicator using it.
+struct ShrinkFrom;
 struct SplitFrom {
   std::shared_ptr<Store> store;
   std::function<std::shared_ptr<Store>()> stall_store;
   std::string store_host;
   int local_size = -1;
   std::shared_ptr<rendezvous::TcpStoreServer> server;
+  // A shrink's: what the survivors agreed on, instead of a join through the store.
+  const ShrinkFrom* shrink = nullptr;
 };
+
+// What a communicator made by shrink() takes from the survivors' agreement (shrink.cc): its id,
+// every member's host and listeners (by new rank), this rank's listeners (opened before the
+// agreement), the parent's measured link costs, and how to learn that a member died while the
+// links are made (no store to mark it in).
+struct ShrinkFrom {
+  uint64_t comm_id = 0;
+  std::vector<std::string> hosts;
+  std::vector<std::string> published;
+  transport::Listeners* listeners = nullptr;
+  std::optional<tuner::Costs> costs;
+  std::string cost_kind;
+  std::vector<int> parent_ranks;  // each member's rank in the parent
+  std::function<void()> check_failed;
+};
+
+struct ControlChannel;
 
 class CommImpl {
  public:
@@ -123,6 +148,18 @@ class CommImpl {
   // Waits for op; with a timeout, returns false if it has not finished by then.
   bool wait(OpState& op, std::optional<std::chrono::milliseconds> timeout);
   void abort(const std::string& reason);
+  // The error that aborted the communicator (an op's failure, abort(), a shrink), or null.
+  std::exception_ptr error();
+  // The default timeout of later calls (Options::timeout, RINGREDUCE_TIMEOUT).
+  void set_timeout(std::chrono::milliseconds timeout);
+  // Fault-tolerant agreement among the ranks still alive (agree.h; Communicator::agree).
+  Agreement agree(bool flag, const CallOptions& call);
+  // ncclCommShrink / MPIX_Comm_shrink, among the ranks still alive (shrink.cc;
+  // Communicator::shrink).
+  std::unique_ptr<CommImpl> shrink(std::span<const int> exclude, ShrinkFlags flags,
+                                   const CallOptions& call);
+  // For a communicator made by shrink(): each rank's rank in the parent (empty otherwise).
+  const std::vector<int>& parent_ranks() const { return parent_ranks_; }
   // MPI_Comm_split / ncclCommSplit, collective over this communicator: the ranks that pass one
   // color form a new communicator, ordered by key (then by rank), through this one's store. Null
   // for color < 0 (Communicator::kNoColor).
@@ -203,6 +240,14 @@ class CommImpl {
   // A call on device memory (device.h): stages op's device buffers through host memory on its
   // stream. For a collective, under mu_ once it has its number; a failure gives the number back.
   void stage_device(OpState& op, const CallOptions& call);
+  // shrink()'s steps (shrink.cc): the checks of its arguments every rank makes alone, and one
+  // attempt (agreement, links, commit), which returns null when a survivor died meanwhile.
+  std::string shrink_refusal(std::span<const int> exclude, ShrinkFlags flags,
+                             std::vector<bool>* excluded);
+  std::unique_ptr<CommImpl> shrink_attempt(const std::vector<bool>& excluded,
+                                           const std::string& exclude_text,
+                                           const core::Deadline& deadline,
+                                           std::chrono::milliseconds timeout);
   // Orders the ring by host (hosts: every rank's host identity).
   void ring_order(const std::vector<std::string>& hosts);
   // Several hosts: measures the network between two of them (rank 0 and the first rank after it
@@ -234,7 +279,8 @@ class CommImpl {
   bool rank_known_ = false;  // rank_ is this process's (start-up errors name it)
   int size_ = 1;
   std::string cost_kind_;  // the link kind the tuner's costs describe ("net" across hosts)
-  std::chrono::milliseconds timeout_{300000};
+  // Read by calls in any thread; set_timeout() may change it.
+  std::atomic<std::chrono::milliseconds> timeout_{std::chrono::milliseconds(300000)};
   std::shared_ptr<rendezvous::TcpStoreServer> store_server_;  // rank 0's, shared with splits
   std::shared_ptr<Store> store_;
   // store_ for start-up: its waits end when another rank marks the job failed (join.h).
@@ -277,6 +323,17 @@ class CommImpl {
   std::vector<int64_t> gather_i64(const int64_t* mine, size_t k);
   // Tells the tuner whether any allocation is registered with every rank.
   void set_registered();
+  // What a shrink builds from (bootstrap.cc): the communicator's id, every rank's host and
+  // what it published (its listeners), and the control plane the survivors talk over (null
+  // with one rank).
+  uint64_t comm_id_ = 0;
+  std::vector<std::string> hosts_;
+  std::vector<std::string> published_;
+  std::unique_ptr<ControlChannel> control_;
+  std::mutex ft_mu_;  // one agreement or shrink at a time
+  std::vector<int> parent_ranks_;
+  // The sequence number of the last collective that completed here (what agree() reports).
+  std::atomic<uint64_t> completed_{0};
   std::vector<int> ring_;      // rank at each ring position (algorithms::Context::ring)
   std::vector<int> ring_pos_;  // position of each rank
   int host_size_ = 0;          // ranks per host if every host has as many, else 0

@@ -115,6 +115,27 @@ void Communicator::abort(const std::string& reason) {
   impl().abort(reason);
 }
 
+std::exception_ptr Communicator::error() const {
+  return impl().error();
+}
+
+void Communicator::set_timeout(std::chrono::milliseconds timeout) {
+  impl().set_timeout(timeout);
+}
+
+Agreement Communicator::agree(bool flag, const CallOptions& call) {
+  return impl().agree(flag, call);
+}
+
+Communicator Communicator::shrink(std::span<const int> exclude, ShrinkFlags flags,
+                                  const CallOptions& call) {
+  return Communicator(impl().shrink(exclude, flags, call));
+}
+
+std::vector<int> Communicator::parent_ranks() const {
+  return impl().parent_ranks();
+}
+
 void Communicator::check_same_size(size_t a, size_t b, const char* call) const {
   if (a != b)
     throw InvalidArgument("rank " + std::to_string(rank()) + ": " + call +

@@ -18,7 +18,7 @@ std::shared_ptr<OpState> CommImpl::submit_p2p(const P2pArgs& a, const CallOption
   op->is_p2p = true;
   op->async = async;
   op->comm = this;
-  op->timeout = call.timeout.value_or(timeout_);
+  op->timeout = call.timeout.value_or(timeout_.load());
   transport::P2pRequest& r = op->p2p;
   r.is_send = a.send;
   r.peer = a.peer;

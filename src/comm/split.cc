@@ -30,7 +30,7 @@ std::unique_ptr<CommImpl> CommImpl::split(int color, int key) {
   Options o;
   o.rank = static_cast<int>(me - members.begin());
   o.world_size = static_cast<int>(members.size());
-  o.timeout = timeout_;
+  o.timeout = timeout_.load();
   o.settings = overrides_;
   o.store_prefix = "split" + std::to_string(id) + ".color" + std::to_string(color);
   const SplitFrom from{store_, stall_store_, store_host_, local_size_, store_server_};
