@@ -304,6 +304,15 @@ class Launcher {
       }
     }
     reap_all(std::chrono::seconds(1));
+    if (!failures_.empty()) {
+      std::string all;
+      for (const std::string& f : failures_) all += (all.empty() ? "" : "; ") + f;
+      say("--elastic: the job ended with " + std::to_string(failures_.size()) +
+          " rank(s) lost: " + all);
+    }
+    // Ranks killed by a signal count only when no rank exited by itself.
+    if (args_.elastic && !exit_code_ && !exited_normally_ && first_signal_code_)
+      return *first_signal_code_;
     if (exit_code_) return *exit_code_;
     if (interrupted_by_ != 0) return 128 + interrupted_by_;
     return 0;
@@ -447,11 +456,26 @@ class Launcher {
       // A failure while the job runs is news and ends the job; deaths ringrun causes while tearing
       // down are not. After an interrupt was forwarded, a rank dying by a signal is the expected
       // consequence, and the exit status stays 128 + that interrupt.
-      if (code != 0 && phase_ == Phase::running) {
+      if (code != 0 && phase_ == Phase::running && args_.elastic && interrupted_by_ == 0) {
+        // The others go on (they shrink their communicator); the job ends with the last rank.
+        const double at = std::chrono::duration<double>(now - started_).count();
+        char when[32];
+        std::snprintf(when, sizeof when, "%.3f", at);
+        failures_.push_back("rank " + std::to_string(r.global) + " " + how + " after " + when +
+                            " s");
+        say("rank " + std::to_string(r.global) + " " + how + "; --elastic: the other ranks go on");
+        if (si.si_code == CLD_EXITED) {
+          if (!exit_code_) exit_code_ = code;
+        } else if (!first_signal_code_) {
+          first_signal_code_ = code;
+        }
+      } else if (code != 0 && phase_ == Phase::running) {
         bool caused_by_us = interrupted_by_ != 0 && si.si_code != CLD_EXITED;
         if (!caused_by_us) say("rank " + std::to_string(r.global) + " " + how);
         if (interrupted_by_ == 0) exit_code_ = code;
         begin_shutdown(now);
+      } else if (code == 0 && args_.elastic) {
+        exited_normally_ = true;
       }
     }
   }
@@ -489,6 +513,12 @@ class Launcher {
   Phase phase_ = Phase::running;
   Clock::time_point phase_deadline_;
   std::optional<int> exit_code_;
+  // --elastic: the failures so far (named again at the end), the code of the first rank killed
+  // by a signal, and whether any rank exited 0 by itself.
+  std::vector<std::string> failures_;
+  std::optional<int> first_signal_code_;
+  bool exited_normally_ = false;
+  const Clock::time_point started_ = Clock::now();
   int interrupted_by_ = 0;
   int sigint_count_ = 0;
   bool gave_up_ = false;

@@ -12,7 +12,7 @@ namespace ringrun {
 
 const char kUsage[] =
     "usage: ringrun -n N [--nnodes K --node-rank I --master HOST:PORT] [--timeout SECONDS]\n"
-    "               [--bind core|none] [--store-stats] [--] program [args...]\n"
+    "               [--bind core|none] [--elastic] [--store-stats] [--] program [args...]\n"
     "\n"
     "Starts N local ranks of program. Alone (no --nnodes), ringrun hosts their rendezvous\n"
     "store on 127.0.0.1 and the ranks are 0..N-1. For a job over K hosts, run one ringrun on\n"
@@ -37,6 +37,10 @@ const char kUsage[] =
     "                      an [IPv6] one or a name, PORT 1..65535\n"
     "  --timeout SECONDS   kill this host's ranks if still running after SECONDS\n"
     "  --bind core|none    pin local rank i to the i-th usable core, round robin (default core)\n"
+    "  --elastic           a rank that dies or fails does not end the job: the others go on\n"
+    "                      (to shrink their communicator and carry on), and the job ends\n"
+    "                      when every rank has ended; each failure is named as it happens\n"
+    "                      and again at the end\n"
     "  --store-stats       at the end, say how many requests the store served (node 0 only:\n"
     "                      the other nodes host no store)\n"
     "  -h, --help          print this text\n"
@@ -44,7 +48,9 @@ const char kUsage[] =
     "\n"
     "Exit status: 0 if every rank exited 0; else the first failing rank's code (128+signal\n"
     "if it was killed); 124 on timeout; 128+signal if ringrun was interrupted; 2 on bad\n"
-    "usage; 126/127 if the program cannot be executed / is not found.\n";
+    "usage; 126/127 if the program cannot be executed / is not found. With --elastic, ranks\n"
+    "killed by a signal do not count while some rank exits by itself: 0 if every rank that\n"
+    "exited did so with 0 (the survivors finished the job), else the first nonzero code.\n";
 
 namespace {
 
@@ -99,6 +105,10 @@ Parsed parse_args(int argc, const char* const* argv) {
     if (arg == "--version") {
       p.kind = Parsed::Kind::version;
       return p;
+    }
+    if (arg == "--elastic") {
+      a.elastic = true;
+      continue;
     }
     if (arg == "--store-stats") {
       a.store_stats = true;

@@ -32,6 +32,8 @@ struct Args {
   std::optional<double> timeout_s;
   std::string timeout_text;
   bool store_stats = false;
+  // --elastic: a rank's failure does not end the job (the others shrink and go on).
+  bool elastic = false;
   std::vector<std::string> command;
 
   int first_rank() const { return node_rank * n; }

@@ -302,5 +302,51 @@ case "$case_name" in
     [ "$before" = "$after" ] || { echo "FAILED: /dev/shm changed: $(comm -13 <(echo "$before") <(echo "$after"))"; rc=1; }
     exit $rc
     ;;
+  shrink-shm|shrink-tcp|shrink-mix)
+    # Ranks SIGKILLed at different points (shrink_rank.cc): inside an allreduce, between calls,
+    # inside a ring of sends and receives, rank 0 (which hosts the store), two at once, and one
+    # more while the survivors shrink (inside the agreement or while the links are made). Every
+    # survivor shrinks, goes on with exactly the ranks that were not killed, checks a collective
+    # on them is exact, and leaves as many descriptors and threads as it had; /dev/shm is
+    # unchanged. Ranks are started by hand (ringrun stops a job when a rank dies, unless
+    # --elastic). mix: two emulated hosts by rank parity.
+    kind=${case_name#*-}
+    shm=1; [ "$kind" = tcp ] && shm=0
+    before=$(ls /dev/shm 2>/dev/null | sort)
+    rc=0
+    case $kind in
+      shm) runs=${RR_SHRINK_RUNS:-"8:coll:5 4:coll:2 4:between:1 4:p2p:3 4:coll:0 4:coll:1,2 8:shrink:2,5"} ;;
+      tcp) runs=${RR_SHRINK_RUNS:-"4:coll:2 4:coll:0 4:shrink:1,3"} ;;
+      mix) runs=${RR_SHRINK_RUNS:-"4:coll:2 4:p2p:1 6:shrink:3,4"} ;;
+    esac
+    for run in $runs; do
+      IFS=: read -r n when victims <<<"$run"
+      nv=$(tr ',' '\n' <<<"$victims" | wc -l)
+      expected=$((n - nv))
+      port=$(free_port)
+      pids=()
+      for ((r = 0; r < n; r++)); do
+        host=one; [ "$kind" = mix ] && host=h$((r % 2))
+        env RINGREDUCE_RANK=$r RINGREDUCE_WORLD_SIZE=$n RINGREDUCE_ADDR=127.0.0.1:$port RINGREDUCE_SHM=$shm \
+          RINGREDUCE_HOST_ID=$host timeout 60 "$build/tests/multiprocess/shrink_rank" "$when" "$victims" "$expected" 10 \
+          >"/tmp/rr_shrink_$$_$r.log" 2>&1 &
+        pids+=($!)
+      done
+      worst=0
+      for ((r = 0; r < n; r++)); do
+        wait "${pids[$r]}"; code=$?
+        if [[ ",$victims," == *",$r,"* ]]; then
+          [ $code -eq 137 ] || { echo "FAILED: $run: victim $r exited $code, not by SIGKILL"; cat "/tmp/rr_shrink_$$_$r.log"; rc=1; }
+          continue
+        fi
+        grep -E "^(RESULT|CLEAN|SHRINK)" "/tmp/rr_shrink_$$_$r.log" | sed "s/^/$kind n=$n $when kill $victims: /"
+        if [ $code -ne 0 ]; then echo "FAILED: $run: rank $r exited $code"; cat "/tmp/rr_shrink_$$_$r.log"; rc=1; fi
+      done
+      rm -f /tmp/rr_shrink_$$_*.log
+    done
+    after=$(ls /dev/shm 2>/dev/null | sort)
+    [ "$before" = "$after" ] || { echo "FAILED: /dev/shm changed: $(comm -13 <(echo "$before") <(echo "$after"))"; rc=1; }
+    exit $rc
+    ;;
   *) echo "unknown case $case_name"; exit 2 ;;
 esac

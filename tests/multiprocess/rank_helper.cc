@@ -198,7 +198,10 @@ int main(int argc, char** argv) {
     if (mode == "fail" || mode == "die") {
       announce();
       if (rank != arg(1)) {
-        sleep_s(60);
+        // The others wait (for ringrun to stop them), or, with a third argument, end by
+        // themselves after that many seconds (ringrun --elastic lets them).
+        sleep_s(args.size() > 3 ? std::atof(args[3].c_str()) : 60);
+        if (args.size() > 3) put(1, "done\n");
         return 0;
       }
       sleep_s(0.5);  // lets the other ranks print their pids first

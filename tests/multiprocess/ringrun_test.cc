@@ -385,6 +385,30 @@ TEST(Ringrun, RankKilledBySignalGives128PlusSignal) {
   EXPECT_TRUE(survivors(pids, 0ms).empty());
 }
 
+// --elastic: a rank killed by a signal, or failing, does not end the job; the others finish by
+// themselves, each loss is named when it happens and at the end.
+TEST(Ringrun, ElasticKeepsTheOthersRunningAndNamesWhoDied) {
+  Ringrun r(ringrun_args(3, {"die", "1", std::to_string(SIGKILL), "1.5"}, {"--elastic"}));
+  ASSERT_TRUE(r.finish(20s)) << r.err();
+  EXPECT_EQ(r.code(), 0) << r.err();  // the survivors finished the job
+  EXPECT_EQ(r.count_out("] done\n"), 2) << r.out();
+  EXPECT_NE(r.err().find("ringrun: rank 1 killed by signal 9 (SIGKILL); --elastic: the other "
+                         "ranks go on"),
+            std::string::npos)
+      << r.err();
+  EXPECT_NE(r.err().find("ringrun: --elastic: the job ended with 1 rank(s) lost: rank 1 killed "
+                         "by signal 9 (SIGKILL) after "),
+            std::string::npos)
+      << r.err();
+  EXPECT_GT(r.seconds(), 1.4);
+  // A rank that fails by itself is the job's exit status, after the others finish.
+  Ringrun f(ringrun_args(3, {"fail", "2", "3", "1"}, {"--elastic"}));
+  ASSERT_TRUE(f.finish(20s)) << f.err();
+  EXPECT_EQ(f.code(), 3) << f.err();
+  EXPECT_EQ(f.count_out("] done\n"), 2) << f.out();
+  EXPECT_NE(f.err().find("rank 2 exited with code 3"), std::string::npos) << f.err();
+}
+
 TEST(Ringrun, SigtermIsForwardedToEveryRank) {
   Ringrun r(ringrun_args(3, {"on-term"}));
   ASSERT_TRUE(r.wait_for([&] { return r.count_out("ready") == 3; }, 15s)) << r.out() << r.err();

@@ -45,15 +45,16 @@ def final_values(out, rank):
     return dict(kv.split("=", 1) for kv in m.group(1).split())
 
 
-def launch(n, worker, *args, timeout=120, env=None, expect_ok=True):
-    """Runs `ringrun -n n python worker args`; returns (returncode, {rank: [lines]})."""
+def launch(n, worker, *args, timeout=120, env=None, expect_ok=True, elastic=False):
+    """Runs `ringrun -n n python worker args` (with --elastic: a rank's death does not end the
+    job); returns (returncode, {rank: [lines]}, output)."""
     if not RINGRUN.exists() or not have_module("_ringreduce"):
         pytest.skip(f"ringreduce not built in {BUILD} (run scripts/test or scripts/demo)")
     e = rank_env()
     if env:
         e.update(env)
-    cmd = [str(RINGRUN), "-n", str(n), "--timeout", str(timeout), sys.executable,
-           str(WORKERS / worker), *map(str, args)]
+    cmd = [str(RINGRUN), "-n", str(n), "--timeout", str(timeout), *(["--elastic"] if elastic else []),
+           sys.executable, str(WORKERS / worker), *map(str, args)]
     p = subprocess.run(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                        text=True, timeout=timeout + 30)
     lines = {}

@@ -1,0 +1,167 @@
+// One rank of the kill-and-shrink tests (launchers.sh cases shrink-*): every rank loops over a
+// call on 1 MiB per rank; at an agreed moment the victims SIGKILL themselves. A survivor that
+// gets an error shrinks the communicator and goes on; at the end each survivor checks that its
+// communicator holds exactly the ranks that were not killed, that a collective on it is exact,
+// and prints a RESULT line with the seconds from the kill to the error and to the first exact
+// collective after the shrink, and a CLEAN line (descriptors and threads before the first
+// communicator and after the last is destroyed). Exits 0 only if all of that holds.
+//
+//   shrink_rank WHEN VICTIMS N_EXPECTED TIMEOUT_S
+//     WHEN: coll     the victims die inside an allreduce (a thread of theirs raises SIGKILL)
+//           between  the victims die between two calls (their main thread, after a call)
+//           p2p      the loop is a ring of sends and receives; the victims die inside it
+//           shrink   the first victim dies inside an allreduce, the others while the survivors
+//                    are shrinking (a moment later: inside the agreement or making the links)
+//     VICTIMS: comma-separated ranks ("2", "0,3")
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "proc_self.h"
+#include "ringreduce/ringreduce.hpp"
+
+namespace {
+
+using namespace ringreduce;
+using SysClock = std::chrono::system_clock;
+
+void sleep_until_wall(double at) {
+  std::this_thread::sleep_until(SysClock::time_point(
+      std::chrono::duration_cast<SysClock::duration>(std::chrono::duration<double>(at))));
+}
+
+// Every rank adds (its rank in the first communicator) + 1, so the sum says who took part.
+bool exact_allreduce(Communicator& comm, const std::vector<int>& world_ranks,
+                     std::vector<float>& buf) {
+  const float mine = static_cast<float>(world_ranks[static_cast<size_t>(comm.rank())] + 1);
+  std::fill(buf.begin(), buf.end(), mine);
+  comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::f32, ReduceOp::sum);
+  float want = 0;
+  for (int r : world_ranks) want += static_cast<float>(r + 1);
+  return buf.front() == want && buf.back() == want && buf[buf.size() / 2] == want;
+}
+
+void ring_p2p(Communicator& comm, std::vector<float>& a, std::vector<float>& b) {
+  const int n = comm.size(), me = comm.rank();
+  Work s = comm.send_async(a.data(), b.size(), DataType::f32, (me + 1) % n, 5);
+  comm.recv(b.data(), b.size(), DataType::f32, (me + n - 1) % n, 5);
+  s.wait();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 5) {
+    std::fprintf(stderr,
+                 "usage: shrink_rank coll|between|p2p|shrink VICTIMS N_EXPECTED TIMEOUT_S\n");
+    return 2;
+  }
+  const std::string when = argv[1];
+  std::vector<int> victims;
+  {
+    std::stringstream ss(argv[2]);
+    for (std::string v; std::getline(ss, v, ',');) victims.push_back(std::atoi(v.c_str()));
+  }
+  const int expected = std::atoi(argv[3]);
+  const double timeout_s = std::atof(argv[4]);
+  const int fds_before = rrtest::open_fds();
+  const int threads_before = rrtest::thread_count();
+  int rank = -1, shrinks = 0, final_size = -1, since_shrink = 0;
+  double fault_at = 0, error_at = 0, recovered_at = 0;
+  std::string first_error, survivors;
+  bool exact = false;
+  {
+    Options o;
+    o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+    Communicator comm = Communicator::from_env(o);
+    rank = comm.rank();
+    const int n = comm.size();
+    // The ranks of the first communicator, by rank of the current one.
+    std::vector<int> world(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) world[static_cast<size_t>(r)] = r;
+    const size_t count = 256 << 10;  // 1 MiB per rank
+    std::vector<float> buf(count * static_cast<size_t>(n)), other(count);
+    if (!exact_allreduce(comm, world, buf)) return 4;
+    double at = rrtest::wall_seconds() + 0.3;
+    comm.broadcast(&at, 1, DataType::f64, 0);
+    fault_at = at;
+    const bool victim = std::count(victims.begin(), victims.end(), rank) > 0;
+    const bool first_victim = victim && rank == victims.front();
+    if (victim && when != "between") {
+      // In "shrink", the later victims die 0.15-0.25 s after the first: while the survivors,
+      // who see the first death after ~0.1 s, agree and make their links.
+      const double delay = when == "shrink" && !first_victim ? 0.15 + 0.02 * rank : 0.0;
+      std::thread([at, delay] {
+        sleep_until_wall(at + delay);
+        raise(SIGKILL);
+      }).detach();
+    }
+    // Bounded: the fault comes 0.3 s in; 30 s of calls is far beyond any deadline here.
+    for (int i = 0; i < 1000000 && rrtest::wall_seconds() < at + 30; ++i) {
+      try {
+        if (when == "p2p" && shrinks == 0) {
+          ring_p2p(comm, buf, other);
+        } else {
+          exact = exact_allreduce(comm, world, buf);
+          if (!exact) break;
+          if (victim && when == "between" && rrtest::wall_seconds() >= at) raise(SIGKILL);
+          if (shrinks > 0) {
+            if (recovered_at == 0) recovered_at = rrtest::wall_seconds();
+            // A few more calls, then done: the survivors stop together (the same count since
+            // the last shrink on every one).
+            if (++since_shrink == 8) break;
+          }
+        }
+      } catch (const Error& e) {
+        if (first_error.empty()) {
+          first_error = e.what();
+          error_at = rrtest::wall_seconds();
+        }
+        recovered_at = 0;
+        since_shrink = 0;
+        try {
+          Communicator small = comm.shrink();
+          std::vector<int> next;
+          for (int p : small.parent_ranks()) next.push_back(world[static_cast<size_t>(p)]);
+          world = next;
+          comm = std::move(small);
+          ++shrinks;
+          buf.assign(count * static_cast<size_t>(comm.size()), 0.0f);
+        } catch (const Error& e2) {
+          std::printf("SHRINK FAILED rank %d: %s\n", rank, e2.what());
+          return 5;
+        }
+      }
+    }
+    final_size = comm.size();
+    for (int r : world) survivors += (survivors.empty() ? "" : ",") + std::to_string(r);
+    if (victim) return 3;  // a victim that lived: the test kills it, never this
+  }
+  const int fds_after = rrtest::open_fds();
+  const int threads_after = rrtest::thread_count();
+  std::printf(
+      "RESULT rank %d shrinks %d size %d ranks %s exact %d error after %.3f s, recovered "
+      "after %.3f s: %s\n",
+      rank, shrinks, final_size, survivors.c_str(), exact ? 1 : 0, error_at - fault_at,
+      recovered_at - fault_at, first_error.c_str());
+  std::printf("CLEAN rank %d fds %d -> %d threads %d -> %d\n", rank, fds_before, fds_after,
+              threads_before, threads_after);
+  std::string want;
+  for (int r = 0, k = 0; r < 1024 && k < expected; ++r)
+    if (std::count(victims.begin(), victims.end(), r) == 0) {
+      want += (want.empty() ? "" : ",") + std::to_string(r);
+      ++k;
+    }
+  const bool ok = exact && final_size == expected && survivors == want && shrinks >= 1 &&
+                  recovered_at > 0 && fds_after == fds_before && threads_after == threads_before;
+  return ok ? 0 : 1;
+}

@@ -1,0 +1,66 @@
+"""One rank of test_elastic (under ringrun --elastic). argv[1] picks the case:
+
+  numpy   rank 2 of 4 SIGKILLs itself inside an allreduce; the survivors catch the error, agree on
+          who is gone, shrink, and run exact allreduces on the 3 that are left
+  bad     bad shrink arguments raise InvalidArgument on every rank at once (no rank dies)
+
+Each rank prints what it saw ("ERROR <class> <peer>", "AGREED ...", "SHRUNK ...", "EXACT ...").
+"""
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+
+import ringreduce
+
+case = sys.argv[1]
+comm = ringreduce.Communicator()
+R, N = comm.rank, comm.size
+
+
+def exact(c, parent_of):
+    """An allreduce whose sum says who took part: each rank adds its first rank + 1."""
+    x = np.full(1 << 18, parent_of[c.rank] + 1, dtype=np.float32)
+    c.allreduce(x)
+    return float(x[0]), float(x[-1])
+
+
+if case == "numpy":
+    victim = 2
+    x = np.ones(1 << 18, dtype=np.float32)
+    comm.allreduce(x)
+    at = np.array([time.time() + 0.3])
+    comm.broadcast(at, root=0)
+    if R == victim:
+        threading.Timer(max(0.0, at[0] - time.time()), lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    t0 = None
+    try:
+        for _ in range(100000):
+            comm.allreduce(x)
+            if time.time() > at[0] + 30:
+                break
+    except ringreduce.Error as e:
+        t0 = time.time()
+        print(f"ERROR {type(e).__name__} peer={getattr(e, 'peer', None)} {e}", flush=True)
+    assert comm.error() is not None
+    a = comm.agree(True)
+    print(f"AGREED flag={a.flag} failed={a.failed}", flush=True)
+    small = comm.shrink()
+    print(f"SHRUNK size={small.size} rank={small.rank} parents={small.parent_ranks} "
+          f"after={time.time() - at[0]:.3f}", flush=True)
+    comm.close()
+    print(f"EXACT {exact(small, small.parent_ranks)}", flush=True)
+    small.close()
+elif case == "bad":
+    for exclude in ([N], [1, 1]):
+        try:
+            comm.shrink(exclude)
+            print("NO ERROR", flush=True)
+        except ringreduce.InvalidArgument as e:
+            print(f"INVALID {e}", flush=True)
+    comm.allreduce(np.ones(4, dtype=np.float32))  # the communicator is untouched
+    print("OK", flush=True)
