@@ -12,7 +12,7 @@ namespace {
 // Messages: a type byte, the epoch, then the type's fields. All ranks share one architecture
 // (transport/tcp/wire.h), so integers go as they are.
 enum : uint8_t {
-  kRound = 1,     // round, the sender's entry, the failures it knows of
+  kRound = 1,     // round, the sender's entry
   kDecided = 2,   // the survivors' entries
   kRefused = 3,   // the reason
   kExcluded = 4,  // the reason
@@ -133,8 +133,6 @@ std::string FloodAgreement::round_message() const {
   Writer w(kRound, epoch_);
   w.put(static_cast<int32_t>(round_));
   w.entry(mine_);
-  w.put(static_cast<uint32_t>(failed_.size()));
-  for (const auto& [q, why] : failed_) w.put(static_cast<int32_t>(q));
   return w.take();
 }
 
@@ -170,9 +168,15 @@ void FloodAgreement::fail(int peer, const std::string& why) {
 
 std::vector<FloodAgreement::Send> FloodAgreement::check() {
   if (decided() || !waiting_for().empty()) return {};
-  const std::vector<int> now = alive();
-  if (round_ >= 2 && now == last_alive_) return decide(now);
-  last_alive_ = now;
+  // Who this round's messages came from (the book's receivedfrom): not who is alive now, since a
+  // rank may have sent its message and failed since, and another survivor counts it.
+  std::vector<int> heard;
+  auto it = heard_.find(round_);
+  for (int q = 0; q < size_; ++q)
+    if (q == rank_ || (it != heard_.end() && it->second[static_cast<size_t>(q)]))
+      heard.push_back(q);
+  if (round_ >= 2 && heard == last_heard_) return decide(heard);
+  last_heard_ = heard;
   return next_round();
 }
 
@@ -235,9 +239,6 @@ std::vector<FloodAgreement::Send> FloodAgreement::on_message(int from, std::stri
   AgreeEntry e = r.entry();
   e.rank = from;
   entries_[from] = std::move(e);
-  const auto nfailed = r.get<uint32_t>();
-  for (uint32_t i = 0; i < nfailed && i < static_cast<uint32_t>(size_); ++i)
-    fail(r.get<int32_t>(), "failed (as rank " + std::to_string(from) + " found)");
   auto& heard = heard_[round];
   heard.resize(static_cast<size_t>(size_), false);
   heard[static_cast<size_t>(from)] = true;

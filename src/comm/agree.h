@@ -7,17 +7,22 @@
 // The algorithm is flooding consensus (Cachin, Guerraoui and Rodrigues, "Introduction to
 // Reliable and Secure Distributed Programming", 2011, algorithm 5.1), which needs a perfect
 // failure detector, as a rank's death here is (a refused or reset connection: its process is
-// gone). Every rank sends, round after round, one message to every rank it has not seen fail:
-// its own entry and the failures it knows of (which the receiver takes as its own). A round
-// ends when a message of that round has come from every rank not known to have failed. A rank
+// gone), and the control plane reports a loss only after the last message the lost rank got out
+// (the same TCP stream). Every rank sends, round after round, one message to every rank it has
+// not seen fail: its own entry. A round ends when a message of that round has come from every
+// rank this rank has not itself seen fail. (Not failures heard from others: taking them on
+// would let a rank drop a dead peer before that peer's last message to it arrives, which breaks
+// the argument below; the random-order simulation in agree_test found exactly that.) A rank
 // decides once two rounds in a row ended with the same ranks alive: the survivors are those
 // ranks, with their entries. It then sends the decision to every survivor, and a rank that
 // receives a decision adopts it and passes it on before returning, so that a decision made by a
-// rank that dies halfway through sending it still reaches everyone or no one. Why it agrees: a
-// rank missing from one decider's last round but present in another's would have had to fail
-// in the middle of sending that round, after completing the one before, so the second decider's
-// last two rounds could not have been equal. Two rounds of N - 1 messages per rank when nothing
-// fails, one more per failure met along the way.
+// rank that dies halfway through sending it still reaches everyone or no one. A rank decides on
+// the ranks it heard from in its last round (the book's receivedfrom, not who is alive now). Why
+// it agrees: a rank heard in one decider's last round r but not in another's had finished
+// sending round r - 1 to everyone and failed while sending round r, so the second heard it in
+// round r - 1 and not in r, and did not decide in round r; in a later round it waits for the
+// first decider, which sends its decision instead of a round message. Two rounds of N - 1 messages
+// per rank when nothing fails, one more per failure met along the way.
 //
 // A rank that is silent for the whole deadline (stopped, or its host unreachable) is taken as
 // failed, as an op's timeout would; that makes the detector imperfect, and the price is stated
@@ -114,7 +119,7 @@ class FloodAgreement {
   int round_ = 0;
   std::map<int, std::vector<bool>> heard_;  // by round: who sent it
   std::map<int, AgreeEntry> entries_;       // by rank: what it brings
-  std::vector<int> last_alive_;             // those alive when the previous round ended
+  std::vector<int> last_heard_;             // whom the previous round's messages came from
   std::optional<AgreeDecision> decision_;
   int refusal_origin_ = -1;  // the refusal on_message threw, to pass on
   std::string refusal_;
