@@ -23,6 +23,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -200,8 +201,9 @@ int main(int argc, char** argv) {
       if (rank != arg(1)) {
         // The others wait (for ringrun to stop them), or, with a third argument, end by
         // themselves after that many seconds (ringrun --elastic lets them).
-        sleep_s(args.size() > 3 ? std::atof(args[3].c_str()) : 60);
-        if (args.size() > 3) put(1, "done\n");
+        const bool ends = args.size() > 3 && std::isdigit(static_cast<unsigned char>(args[3][0]));
+        sleep_s(ends ? std::atof(args[3].c_str()) : 60);
+        if (ends) put(1, "done\n");
         return 0;
       }
       sleep_s(0.5);  // lets the other ranks print their pids first
