@@ -77,6 +77,9 @@ struct OpState {
 // record, rendezvous/join.h).
 std::string agreed_settings(const core::Config& config);
 
+// This thread's CPU time in ms (the start-up's accounts).
+int64_t thread_cpu_ms();
+
 // Runs op's then() callback, if any, once; called without CommImpl::mu_ after op finished.
 void fire_callback(OpState& op);
 
@@ -90,34 +93,35 @@ struct P2pArgs {
   uint64_t tag = 0;
 };
 
-// What a communicator made by split() takes from its parent: the parent's store (no new
-// rendezvous server), how to reach it for stall reports, the data interface's host, the job's
-// ranks on this host (its cores are shared with the other groups), and the store server, which
-// must live as long as any communicator using it.
-struct ShrinkFrom;
+// Who the members are and how to reach them: what a join through the store yields
+// (bootstrap.cc), or what was decided without one: by the survivors' agreement (shrink.cc) or by
+// handles exchanged out of band (membership.cc, Communicator::from_handles).
+struct Membership {
+  uint64_t comm_id = 0;
+  std::vector<std::string> hosts;      // every member's host identity, by rank
+  std::vector<std::string> published;  // what every member published (its listeners), by rank
+  transport::Listeners* listeners = nullptr;  // this rank's (the TCP and control ones are taken)
+  // A shrink's: the parent's measured link costs, and the kind they describe.
+  std::optional<tuner::Costs> costs;
+  std::string cost_kind;
+  std::vector<int> parent_ranks;  // a shrink's: each member's rank in the parent
+  // Throws when the members are known to have failed (the job's mark in the store; a member's
+  // control connection closing): the links' start-up waits look at it between their slices.
+  std::function<void()> check_failed;
+};
+
+// What a communicator made by split(), shrink() or from_handles() takes from where it came from:
+// the parent's store (no new rendezvous server; null for from_handles), how to reach it for stall
+// reports, the data interface's host, the job's ranks on this host (its cores are shared with
+// the other groups), and the store server, which must live as long as any communicator using it.
 struct SplitFrom {
   std::shared_ptr<Store> store;
   std::function<std::shared_ptr<Store>()> stall_store;
   std::string store_host;
   int local_size = -1;
   std::shared_ptr<rendezvous::TcpStoreServer> server;
-  // A shrink's: what the survivors agreed on, instead of a join through the store.
-  const ShrinkFrom* shrink = nullptr;
-};
-
-// What a communicator made by shrink() takes from the survivors' agreement (shrink.cc): its id,
-// every member's host and listeners (by new rank), this rank's listeners (opened before the
-// agreement), the parent's measured link costs, and how to learn that a member died while the
-// links are made (no store to mark it in).
-struct ShrinkFrom {
-  uint64_t comm_id = 0;
-  std::vector<std::string> hosts;
-  std::vector<std::string> published;
-  transport::Listeners* listeners = nullptr;
-  std::optional<tuner::Costs> costs;
-  std::string cost_kind;
-  std::vector<int> parent_ranks;  // each member's rank in the parent
-  std::function<void()> check_failed;
+  // Members known already (shrink, from_handles): no join.
+  const Membership* membership = nullptr;
 };
 
 struct ControlChannel;
@@ -174,8 +178,27 @@ class CommImpl {
 
  private:
   // Fills in plan and tag (all but the sequence number).
-  // Everything the constructor does; its errors get the rank's prefix there.
+  // Everything the constructor does; its errors get the rank's prefix there: this rank's
+  // settings, the store, the join (bootstrap.cc), then build().
   void init(const Options& options, const SplitFrom* from);
+  // What init() has read of this rank's settings, and when start-up began and joined (for the
+  // "communicator ready" line: where start-up spends its time, and the CPU this thread spent,
+  // since where ranks crowd the cores the wall time is mostly other ranks' turns).
+  struct StartSettings {
+    int64_t channels = 1, nsocks = 1;
+    double stall_s = 0;
+    std::string token;
+    core::Deadline deadline = core::Deadline::never();
+    struct {
+      core::Clock::time_point begin, joined;
+      int64_t cpu_begin = 0, cpu_joined = 0;
+    } clock;
+  };
+  // The links, the tuner and its costs, the control plane and the stall monitor, once the members
+  // are known (runtime.cc).
+  void build(const Membership& members, const StartSettings& st, int local_size);
+  // This rank's host identity (RINGREDUCE_HOST_ID, or detected).
+  std::string host_id() const;
   // A start-up failure: names the rank (the launcher's, if this rank's own settings did not
   // parse) and marks the job failed in the store, reaching it from the launcher's address if
   // start-up failed before connecting, so that the other ranks fail now rather than at their

@@ -219,7 +219,7 @@ std::unique_ptr<CommImpl> CommImpl::shrink_attempt(const std::vector<bool>& excl
     RR_LOG(warn, ft, rank_, "shrink: the survivors completed different calls before the failure: ",
            "the last collective completed is #", lo, " on some and #", hi,
            " on others (Communicator::agree tells a program which, to redo or roll back alike)");
-  ShrinkFrom sf;
+  Membership sf;
   uint64_t id = mix(mix(0xcbf29ce484222325ull, comm_id_), epoch);
   for (int q : members) id = mix(id, static_cast<uint64_t>(q));
   sf.comm_id = id;

@@ -25,7 +25,7 @@ bool shm_can_link(const ConnectArgs& a, int peer) {
   return same_host(a, peer) && a.config->str("RINGREDUCE_SHM") != "0";
 }
 
-std::unique_ptr<LinkKind> shm_connect(const ConnectArgs& a, const std::vector<int>& peers, Store&,
+std::unique_ptr<LinkKind> shm_connect(const ConnectArgs& a, const std::vector<int>& peers,
                                       const core::Deadline& deadline) {
   shm::ShmOptions o;
   o.rank = a.rank;
@@ -47,7 +47,7 @@ bool tcp_can_link(const ConnectArgs&, int) {
   return true;
 }
 
-std::unique_ptr<LinkKind> tcp_connect(const ConnectArgs& a, const std::vector<int>& peers, Store&,
+std::unique_ptr<LinkKind> tcp_connect(const ConnectArgs& a, const std::vector<int>& peers,
                                       const core::Deadline&) {
   const core::Config& config = *a.config;
   tcp::TcpOptions o;
@@ -125,8 +125,7 @@ const std::vector<KindEntry>& kind_table() {
   return kTable;
 }
 
-std::unique_ptr<Engine> connect(const ConnectArgs& args, Store& store,
-                                const core::Deadline& deadline) {
+std::unique_ptr<Engine> connect(const ConnectArgs& args, const core::Deadline& deadline) {
   const auto& table = kind_table();
   std::vector<std::vector<int>> peers(table.size());
   for (int q = 0; q < args.size; ++q) {
@@ -146,7 +145,7 @@ std::unique_ptr<Engine> connect(const ConnectArgs& args, Store& store,
   for (size_t k = 0; k < table.size(); ++k) {
     if (peers[k].empty() && !(args.size == 1 && k + 1 == table.size())) continue;
     for (int q : peers[k]) route[static_cast<size_t>(q)] = static_cast<int>(kinds.size());
-    kinds.push_back(table[k].connect(args, peers[k], store, deadline));
+    kinds.push_back(table[k].connect(args, peers[k], deadline));
   }
   return std::make_unique<Engine>(args.engine, std::move(kinds), std::move(route));
 }

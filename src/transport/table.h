@@ -75,14 +75,13 @@ struct KindEntry {
   bool (*can_link)(const ConnectArgs& args, int peer);
   // Connects to `peers` (each one it can link; empty only with one rank). Bounded by deadline.
   std::unique_ptr<LinkKind> (*connect)(const ConnectArgs& args, const std::vector<int>& peers,
-                                       Store& store, const core::Deadline& deadline);
+                                       const core::Deadline& deadline);
 };
 
 // The table, fastest kind first.
 const std::vector<KindEntry>& kind_table();
 
 // Routes every peer to its kind, connects each kind used, and returns the engine over them.
-std::unique_ptr<Engine> connect(const ConnectArgs& args, Store& store,
-                                const core::Deadline& deadline);
+std::unique_ptr<Engine> connect(const ConnectArgs& args, const core::Deadline& deadline);
 
 }  // namespace ringreduce::transport
