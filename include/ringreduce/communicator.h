@@ -42,6 +42,7 @@ namespace ringreduce {
 namespace detail {
 struct OpState;
 class CommImpl;
+struct EndpointImpl;
 }  // namespace detail
 
 // Where a call's buffers are (CallOptions::memory).
@@ -129,8 +130,38 @@ class RINGREDUCE_API Work {
   std::shared_ptr<detail::OpState> state_;
 };
 
+// This rank's side of a communicator made from handles rather than through a store (torch's
+// reconfigure; ncclCommInitRank's unique id, per rank): its listeners, opened now, whose
+// addresses its handle() carries. The ranks exchange handles by any means (a store, a file, a
+// coordinator) and each passes the same list to Communicator::from_handles, which consumes it.
+class RINGREDUCE_API Endpoint {
+ public:
+  // Settings from `options` (the token, the interface, RINGREDUCE_HOST_ID; its addr, else the
+  // launcher's, picks the interface as for a store); rank, world size and store are not used.
+  explicit Endpoint(const Options& options = {});
+  ~Endpoint();
+  Endpoint(Endpoint&&) noexcept;
+  Endpoint& operator=(Endpoint&&) noexcept;
+  // Opaque text; one per rank and per endpoint (a fresh endpoint has a fresh handle).
+  const std::string& handle() const;
+
+ private:
+  friend class Communicator;
+  std::unique_ptr<detail::EndpointImpl> impl_;
+};
+
 class RINGREDUCE_API Communicator {
  public:
+  // Collective over the ranks whose handles are listed (each passes the same list): a
+  // communicator of them, the owner of handles[i] being rank i. `uuid` names it: every member
+  // passes the same, a fresh one each time (connections of another communicator are refused).
+  // No store is involved, so split() and the stall reports are not available on it; the link
+  // costs are measured on one host and the kinds' defaults across hosts. Bad lists (this rank's
+  // handle missing or twice, a handle that is not one) are an InvalidArgument, naming it.
+  static Communicator from_handles(Endpoint endpoint, uint64_t uuid,
+                                   std::span<const std::string> handles,
+                                   const Options& options = {});
+
   // recv()'s peer for a receive from whichever rank sends a message with its tag first.
   static constexpr int kAnySource = -1;
   // split()'s color for a rank that joins no new communicator.

@@ -23,8 +23,6 @@
 #include "transport/topology.h"
 
 namespace ringreduce::detail {
-namespace {
-
 // Options fields become overrides of the settings they stand for, so that the one registry
 // resolves every setting the same way.
 std::map<std::string, std::string> overrides_from(const Options& o) {
@@ -37,8 +35,6 @@ std::map<std::string, std::string> overrides_from(const Options& o) {
     m["RINGREDUCE_TIMEOUT"] = std::to_string(static_cast<double>(o.timeout->count()) / 1000.0);
   return m;
 }
-
-}  // namespace
 
 CommImpl::CommImpl(const Options& options, const SplitFrom* from)
     : overrides_(overrides_from(options)), config_(overrides_) {

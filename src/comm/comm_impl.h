@@ -126,6 +126,19 @@ struct SplitFrom {
 
 struct ControlChannel;
 
+// Communicator's Endpoint (membership.cc): the settings, this rank's listeners and its handle.
+struct EndpointImpl {
+  explicit EndpointImpl(const Options& options);
+  ~EndpointImpl();  // where Listeners is complete
+  std::map<std::string, std::string> overrides;
+  core::Config config;
+  std::string store_host;  // what picked the interface (the launcher's store, or "")
+  std::unique_ptr<transport::Listeners> listeners;
+  std::string handle;
+};
+// The overrides an Options stands for (bootstrap.cc).
+std::map<std::string, std::string> overrides_from(const Options& o);
+
 class CommImpl {
  public:
   explicit CommImpl(const Options& options, const SplitFrom* from = nullptr);
@@ -175,6 +188,10 @@ class CommImpl {
   void free(void* p);
 
   static Work make_work(std::shared_ptr<OpState> s) { return Work(std::move(s)); }
+  // Communicator::from_handles (membership.cc).
+  static std::unique_ptr<CommImpl> from_handles(EndpointImpl& endpoint, uint64_t uuid,
+                                                std::span<const std::string> handles,
+                                                const Options& options);
 
  private:
   // Fills in plan and tag (all but the sequence number).

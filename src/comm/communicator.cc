@@ -71,6 +71,23 @@ Communicator Communicator::from_env(const Options& options) {
   return Communicator(options);
 }
 
+Endpoint::Endpoint(const Options& options)
+    : impl_(std::make_unique<detail::EndpointImpl>(options)) {}
+Endpoint::~Endpoint() = default;
+Endpoint::Endpoint(Endpoint&&) noexcept = default;
+Endpoint& Endpoint::operator=(Endpoint&&) noexcept = default;
+const std::string& Endpoint::handle() const {
+  if (!impl_) throw InvalidArgument("handle() on a moved-from Endpoint");
+  return impl_->handle;
+}
+
+Communicator Communicator::from_handles(Endpoint endpoint, uint64_t uuid,
+                                        std::span<const std::string> handles,
+                                        const Options& options) {
+  if (!endpoint.impl_) throw InvalidArgument("from_handles: a moved-from Endpoint");
+  return Communicator(detail::CommImpl::from_handles(*endpoint.impl_, uuid, handles, options));
+}
+
 Communicator::Communicator(const Options& options)
     : impl_(std::make_unique<detail::CommImpl>(options)) {}
 Communicator::Communicator(std::unique_ptr<detail::CommImpl> impl) : impl_(std::move(impl)) {}

@@ -11,6 +11,10 @@
 namespace ringreduce::detail {
 
 std::unique_ptr<CommImpl> CommImpl::split(int color, int key) {
+  if (!store_)
+    throw InvalidArgument("rank " + std::to_string(rank_) +
+                          ": split: this communicator has no store (it was made from handles): "
+                          "make the groups from handles too");
   if (color < -1)
     throw InvalidArgument("rank " + std::to_string(rank_) + ": split: color " +
                           std::to_string(color) + " is neither >= 0 nor kNoColor (-1)");
