@@ -358,6 +358,11 @@ class RINGREDUCE_API Communicator {
   std::exception_ptr error() const;
   // The timeout of later calls that do not set CallOptions::timeout (Options::timeout).
   void set_timeout(std::chrono::milliseconds timeout);
+  // Calls fn(error) once, when the communicator is aborted (an op's failure, a peer's notice,
+  // abort(), a shrink), in the thread that aborts it, before its ops fail with the error: for
+  // debug information (torch's abort hooks). fn must not call this communicator. One hook; a
+  // second replaces the first. Set after the abort, it is not called.
+  void on_abort(std::function<void(std::exception_ptr)> fn);
 
   // ---- fault tolerance (docs/RELIABILITY.md, "When a rank dies") ------------------------------
   // Collective over the ranks still alive, callable on a communicator that a failure aborted:

@@ -434,6 +434,7 @@ std::exception_ptr CommImpl::fail_communicator(std::exception_ptr error,
   }
   RR_LOG(warn, coll, rank_, what);
   if (timeline_) timeline_->flush();  // the events up to the failure, should the process die
+  run_abort_hook(error);
   transport_->abort(code, blamed, what);
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -499,8 +500,28 @@ void CommImpl::progress_loop() {
   }
 }
 
+void CommImpl::run_abort_hook(std::exception_ptr error) {
+  std::function<void(std::exception_ptr)> hook;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    hook = std::move(abort_hook_);
+    abort_hook_ = nullptr;
+  }
+  if (!hook) return;
+  try {
+    hook(error);
+  } catch (...) {  // a hook's failure is its own; the abort goes on
+  }
+}
+
+void CommImpl::on_abort(std::function<void(std::exception_ptr)> fn) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!aborted_.load()) abort_hook_ = std::move(fn);
+}
+
 void CommImpl::abort(const std::string& reason) {
   const std::string msg = "rank " + std::to_string(rank_) + ": aborted: " + reason;
+  if (!aborted_.load()) run_abort_hook(std::make_exception_ptr(Error(msg, ErrorCode::aborted)));
   std::unique_lock<std::mutex> lk(mu_);
   if (aborted_.load()) return;
   abort_error_ = std::make_exception_ptr(Error(msg, ErrorCode::aborted));

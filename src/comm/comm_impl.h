@@ -169,6 +169,8 @@ class CommImpl {
   std::exception_ptr error();
   // The default timeout of later calls (Options::timeout, RINGREDUCE_TIMEOUT).
   void set_timeout(std::chrono::milliseconds timeout);
+  // Communicator::on_abort.
+  void on_abort(std::function<void(std::exception_ptr)> fn);
   // Fault-tolerant agreement among the ranks still alive (agree.h; Communicator::agree).
   Agreement agree(bool flag, const CallOptions& call);
   // ncclCommShrink / MPIX_Comm_shrink, among the ranks still alive (shrink.cc;
@@ -401,6 +403,9 @@ class CommImpl {
   std::thread progress_thread_;
   std::atomic<bool> aborted_{false};
   std::exception_ptr abort_error_;  // guarded by mu_
+  // on_abort's hook (mu_); taken, and run without mu_, by whoever aborts the communicator.
+  std::function<void(std::exception_ptr)> abort_hook_;
+  void run_abort_hook(std::exception_ptr error);
   // Last: stopped first, while everything its hooks use still exists. Null with one rank or
   // RINGREDUCE_STALL_WARN=0.
   std::unique_ptr<StallMonitor> stall_;

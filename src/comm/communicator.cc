@@ -140,6 +140,10 @@ void Communicator::set_timeout(std::chrono::milliseconds timeout) {
   impl().set_timeout(timeout);
 }
 
+void Communicator::on_abort(std::function<void(std::exception_ptr)> fn) {
+  impl().on_abort(std::move(fn));
+}
+
 Agreement Communicator::agree(bool flag, const CallOptions& call) {
   return impl().agree(flag, call);
 }

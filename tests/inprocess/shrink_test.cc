@@ -252,11 +252,25 @@ TEST_P(Shrink, AbortFromAnotherThreadEndsABlockedCallAndDestructionNeverWaits) {
       3,
       [&](Communicator& comm) {
         check_allreduce(comm);
+        // The abort hook runs once, with the error, on every rank: the one that aborts and the
+        // ones whose op fails with its notice.
+        std::atomic<int> hooked{0};
+        std::string hooked_with;
+        comm.on_abort([&](std::exception_ptr e) {
+          ++hooked;
+          try {
+            std::rethrow_exception(e);
+          } catch (const ringreduce::Error& x) {
+            hooked_with = x.what();
+          }
+        });
         if (comm.rank() != 0) {
           // Ranks 1 and 2 wait in a call that rank 0 never makes; rank 0's abort reaches them.
           std::vector<float> v(1000, 1.0f);
           EXPECT_THROW(comm.allreduce(std::span<float>(v), ReduceOp::sum), ringreduce::Error);
           EXPECT_NE(comm.error(), nullptr);
+          EXPECT_EQ(hooked.load(), 1);
+          EXPECT_NE(hooked_with.find("the trainer gave up"), std::string::npos) << hooked_with;
           return;
         }
         std::vector<float> v(1000, 1.0f);
@@ -271,6 +285,7 @@ TEST_P(Shrink, AbortFromAnotherThreadEndsABlockedCallAndDestructionNeverWaits) {
         EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                   2.0);
         ASSERT_NE(comm.error(), nullptr);
+        EXPECT_EQ(hooked.load(), 1);
         try {
           std::rethrow_exception(comm.error());
         } catch (const ringreduce::Error& e) {
