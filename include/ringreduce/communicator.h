@@ -385,6 +385,19 @@ class RINGREDUCE_API Communicator {
   // For a communicator made by shrink(): each rank's rank in the communicator it was shrunk
   // from (empty otherwise).
   std::vector<int> parent_ranks() const;
+  // Collective over this communicator's ranks (ncclCommGrow): a communicator of them and
+  // `newcomers` new processes, which call join(name); the members keep their ranks, the
+  // newcomers follow in the order they arrive. They meet in the job's store (which this
+  // communicator keeps since its start, whatever split or shrink made it): a replacement for a
+  // dead rank, or more capacity. `name` is this grow's, the same on every member and newcomer,
+  // and fresh per grow. Members that disagree on `newcomers` get an InvalidArgument each; a
+  // newcomer that never comes (or that the store refuses: another RINGREDUCE_TOKEN) is named in
+  // a TimeoutError at the timeout.
+  Communicator grow(const std::string& name, int newcomers, const CallOptions& call = {});
+  // A new process's side of grow(): joins the communicator the members grow under `name`,
+  // reaching the job's store as from_env would (Options, RINGREDUCE_ADDR, MASTER_ADDR and
+  // MASTER_PORT, the job id; options.store in-process); rank and world size come from the grow.
+  static Communicator join(const std::string& name, const Options& options = {});
 
  private:
   explicit Communicator(std::unique_ptr<detail::CommImpl> impl);

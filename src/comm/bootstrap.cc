@@ -216,6 +216,7 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
     // A communicator made from handles (membership.cc) has no store: no stall reports, no split.
     if (from->store) {
       store_ = std::make_shared<PrefixStore>(from->store, options.store_prefix);
+      job_store_ = from->job_store ? from->job_store : from->store;
       stall_store = [parent = from->stall_store, prefix = options.store_prefix] {
         return std::make_shared<PrefixStore>(parent(), prefix);
       };
@@ -235,6 +236,7 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
       throw InvalidArgument("rank " + std::to_string(rank_) + " is outside a world of " +
                             std::to_string(size_));
     store_ = std::make_shared<PrefixStore>(options.store, options.store_prefix);
+    job_store_ = store_;
     stall_store = [store = store_] { return store; };
     store_host = "127.0.0.1";
     local_size = size_;
@@ -265,6 +267,7 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
     const std::string prefix =
         job.empty() ? options.store_prefix : options.store_prefix + "/" + job;
     store_ = std::make_shared<PrefixStore>(tcp, prefix);
+    job_store_ = store_;
     // A client of its own with a short timeout: when the store's host is stuck, a stall report
     // must fail fast, not hold up the communicator's destruction for RINGREDUCE_TIMEOUT.
     stall_store = [host = launch.store_host, port = launch.store_port, prefix, token,

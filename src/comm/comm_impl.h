@@ -122,13 +122,18 @@ struct SplitFrom {
   std::shared_ptr<rendezvous::TcpStoreServer> server;
   // Members known already (shrink, from_handles): no join.
   const Membership* membership = nullptr;
+  // The job's namespace in the store (grow's rendezvous with newcomers); null: store itself.
+  std::shared_ptr<Store> job_store;
 };
 
 struct ControlChannel;
 
 // Communicator's Endpoint (membership.cc): the settings, this rank's listeners and its handle.
 struct EndpointImpl {
-  explicit EndpointImpl(const Options& options);
+  // host_of_store: the store's host, which picks the interface (else options.addr's, else the
+  // launcher's).
+  explicit EndpointImpl(const Options& options,
+                        std::optional<std::string> host_of_store = std::nullopt);
   ~EndpointImpl();  // where Listeners is complete
   std::map<std::string, std::string> overrides;
   core::Config config;
@@ -190,10 +195,16 @@ class CommImpl {
   void free(void* p);
 
   static Work make_work(std::shared_ptr<OpState> s) { return Work(std::move(s)); }
-  // Communicator::from_handles (membership.cc).
+  // Communicator::from_handles (membership.cc); job_store (may be null): the store a grown
+  // communicator keeps for its stall reports, splits and later grows.
   static std::unique_ptr<CommImpl> from_handles(EndpointImpl& endpoint, uint64_t uuid,
                                                 std::span<const std::string> handles,
-                                                const Options& options);
+                                                const Options& options,
+                                                std::shared_ptr<Store> job_store = nullptr,
+                                                const std::string& prefix = "");
+  // Communicator::grow and Communicator::join (grow.cc).
+  std::unique_ptr<CommImpl> grow(const std::string& name, int newcomers, const CallOptions& call);
+  static std::unique_ptr<CommImpl> join(const std::string& name, const Options& options);
 
  private:
   // Fills in plan and tag (all but the sequence number).
@@ -325,6 +336,9 @@ class CommImpl {
   std::atomic<std::chrono::milliseconds> timeout_{std::chrono::milliseconds(300000)};
   std::shared_ptr<rendezvous::TcpStoreServer> store_server_;  // rank 0's, shared with splits
   std::shared_ptr<Store> store_;
+  // The job's namespace in the store, whatever this communicator's own prefix (a split's, a
+  // shrink's): where grow() and newcomers' join() meet (grow.cc). Null: no store (handles).
+  std::shared_ptr<Store> job_store_;
   // store_ for start-up: its waits end when another rank marks the job failed (join.h).
   std::shared_ptr<rendezvous::FailFastStore> startup_store_;
   std::function<std::shared_ptr<Store>()> stall_store_;  // a client for the stall monitor

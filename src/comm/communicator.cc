@@ -157,6 +157,14 @@ std::vector<int> Communicator::parent_ranks() const {
   return impl().parent_ranks();
 }
 
+Communicator Communicator::grow(const std::string& name, int newcomers, const CallOptions& call) {
+  return Communicator(impl().grow(name, newcomers, call));
+}
+
+Communicator Communicator::join(const std::string& name, const Options& options) {
+  return Communicator(detail::CommImpl::join(name, options));
+}
+
 void Communicator::check_same_size(size_t a, size_t b, const char* call) const {
   if (a != b)
     throw InvalidArgument("rank " + std::to_string(rank()) + ": " + call +

@@ -51,10 +51,12 @@ uint64_t mix(uint64_t h, const std::string& s) {
 
 }  // namespace
 
-EndpointImpl::EndpointImpl(const Options& options)
+EndpointImpl::EndpointImpl(const Options& options, std::optional<std::string> host_of_store)
     : overrides(overrides_from(options)), config(overrides) {
   // The interface: as a communicator joining through the launcher's store would pick it.
-  if (options.addr) {
+  if (host_of_store) {
+    store_host = *host_of_store;
+  } else if (options.addr) {
     const std::string& a = *options.addr;
     store_host = a.substr(0, a.rfind(':'));
     if (store_host.size() >= 2 && store_host.front() == '[') {
@@ -78,7 +80,9 @@ EndpointImpl::~EndpointImpl() = default;
 
 std::unique_ptr<CommImpl> CommImpl::from_handles(EndpointImpl& endpoint, uint64_t uuid,
                                                  std::span<const std::string> handles,
-                                                 const Options& options) {
+                                                 const Options& options,
+                                                 std::shared_ptr<Store> job_store,
+                                                 const std::string& prefix) {
   const std::string me = "from_handles: ";
   if (!endpoint.listeners)
     throw InvalidArgument(me + "this endpoint was used already (a fresh one per communicator)");
@@ -107,7 +111,13 @@ std::unique_ptr<CommImpl> CommImpl::from_handles(EndpointImpl& endpoint, uint64_
   SplitFrom from;
   from.store_host = endpoint.store_host;
   from.membership = &m;
+  if (job_store) {
+    from.store = job_store;
+    from.job_store = job_store;
+    from.stall_store = [job_store] { return job_store; };
+  }
   Options o = options;
+  o.store_prefix = prefix.empty() ? "handles" : prefix;
   o.rank = rank;
   o.world_size = static_cast<int>(handles.size());
   o.settings = endpoint.overrides;

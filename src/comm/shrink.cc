@@ -252,7 +252,7 @@ std::unique_ptr<CommImpl> CommImpl::shrink_attempt(const std::vector<bool>& excl
                             " while the survivors made their links",
                         q);
   };
-  SplitFrom from{store_, stall_store_, store_host_, local_size_, store_server_, &sf};
+  SplitFrom from{store_, stall_store_, store_host_, local_size_, store_server_, &sf, job_store_};
   Options o;
   o.rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
   o.world_size = static_cast<int>(members.size());

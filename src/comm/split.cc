@@ -37,7 +37,8 @@ std::unique_ptr<CommImpl> CommImpl::split(int color, int key) {
   o.timeout = timeout_.load();
   o.settings = overrides_;
   o.store_prefix = "split" + std::to_string(id) + ".color" + std::to_string(color);
-  const SplitFrom from{store_, stall_store_, store_host_, local_size_, store_server_};
+  const SplitFrom from{store_,        stall_store_, store_host_, local_size_,
+                       store_server_, nullptr,      job_store_};
   return std::make_unique<CommImpl>(o, &from);
 }
 
