@@ -230,6 +230,46 @@ PYBIND11_MODULE(_ringreduce, m) {
           "abort this rank's outstanding ops first (else they are an error). This communicator "
           "is aborted afterwards. Needs no store.")
       .def(
+          "grow",
+          [](PyComm& c, const std::string& name, int newcomers, std::optional<double> timeout) {
+            const auto comm = c.comm();
+            rr::CallOptions call;
+            if (timeout) call.timeout = rr::python::to_ms(*timeout);
+            std::shared_ptr<rr::Communicator> child;
+            {
+              py::gil_scoped_release nogil;
+              child = std::make_shared<rr::Communicator>(comm->grow(name, newcomers, call));
+            }
+            return std::make_unique<PyComm>(std::move(child));
+          },
+          py::arg("name"), py::arg("newcomers"), py::arg("timeout") = py::none(),
+          "grow(name, newcomers): collective over this communicator; returns a Communicator of "
+          "its ranks (same ranks) and `newcomers` new processes, which call "
+          "Communicator.join(name). They meet in the job's store.")
+      .def_static(
+          "join",
+          [](const std::string& name, std::optional<std::string> addr,
+             std::optional<std::string> token, std::optional<double> timeout,
+             std::map<std::string, std::string> settings) {
+            rr::Options o;
+            o.addr = std::move(addr);
+            o.token = std::move(token);
+            if (timeout) o.timeout = rr::python::to_ms(*timeout);
+            o.settings = std::move(settings);
+            std::shared_ptr<rr::Communicator> c;
+            {
+              py::gil_scoped_release nogil;
+              c = std::make_shared<rr::Communicator>(rr::Communicator::join(name, o));
+            }
+            return std::make_unique<PyComm>(std::move(c));
+          },
+          py::arg("name"), py::arg("addr") = py::none(), py::arg("token") = py::none(),
+          py::arg("timeout") = py::none(),
+          py::arg("settings") = std::map<std::string, std::string>{},
+          "Communicator.join(name): a new process's side of grow(name, k): joins the grown "
+          "communicator through the job's store (addr, or RINGREDUCE_ADDR / MASTER_ADDR and "
+          "MASTER_PORT, and the job id, from the environment).")
+      .def(
           "split",
           [](PyComm& c, int color, std::optional<int> key) -> py::object {
             const auto comm = c.comm();

@@ -31,7 +31,7 @@ c10::intrusive_ptr<c10d::Work> RingreduceGroup::receive(std::vector<at::Tensor>&
   Staging staging;
   at::Tensor t = staging.output(user);
   const Elems e = move_elems(t);
-  return launch(type, {user}, {comm_->recv_async(t.data_ptr(), e.count, e.dtype, src, as_tag(tag))},
+  return launch(type, {user}, {comm().recv_async(t.data_ptr(), e.count, e.dtype, src, as_tag(tag))},
                 staging);
 }
 
@@ -58,7 +58,7 @@ c10::intrusive_ptr<c10d::Work> RingreduceGroup::launch_pairs(c10d::OpType type, 
       check(move_elems(out).count == e.count * n, c,
             "the output must hold size x input elements (" + std::to_string(out.numel()) + " vs " +
                 std::to_string(in.numel()) + " x " + std::to_string(n) + ")");
-      ops.push_back(comm_->allgather_async(in.data_ptr(), out.data_ptr(), e.count, e.dtype,
+      ops.push_back(comm().allgather_async(in.data_ptr(), out.data_ptr(), e.count, e.dtype,
                                            call_options(timeout)));
     } else {
       const Elems e = reduce_elems(out, *op, c);
@@ -66,7 +66,7 @@ c10::intrusive_ptr<c10d::Work> RingreduceGroup::launch_pairs(c10d::OpType type, 
       check(move_elems(in).count == e.count * n, c,
             "the input must hold size x output elements (" + std::to_string(in.numel()) + " vs " +
                 std::to_string(out.numel()) + " x " + std::to_string(n) + ")");
-      ops.push_back(comm_->reduce_scatter_async(in.data_ptr(), out.data_ptr(), e.count, e.dtype,
+      ops.push_back(comm().reduce_scatter_async(in.data_ptr(), out.data_ptr(), e.count, e.dtype,
                                                 r.op, call_options(timeout, r.premul_factor)));
     }
   }
@@ -92,7 +92,7 @@ c10::intrusive_ptr<c10d::Work> RingreduceGroup::sparse_allreduce(
     const rr::CallOptions call = call_options(opts.timeout);
     int64_t nnz = idx.size(1);
     std::vector<int64_t> all_nnz(n);
-    comm_->allgather(&nnz, all_nnz.data(), 1, rr::DataType::i64, call);
+    comm().allgather(&nnz, all_nnz.data(), 1, rr::DataType::i64, call);
     int64_t total_nnz = 0;
     for (int64_t k : all_nnz) total_nnz += k;
     // Indices: each rank's (sparse_dim x nnz) block, transposed so that a rank's entries are
@@ -106,14 +106,14 @@ c10::intrusive_ptr<c10d::Work> RingreduceGroup::sparse_allreduce(
       vcounts[r] = static_cast<size_t>(all_nnz[r] * row);
     }
     at::Tensor all_idx = at::empty({total_nnz, sdim}, idx.options());
-    comm_->allgatherv(idx_t.data_ptr(), all_idx.data_ptr(), icounts, rr::DataType::i64, call);
+    comm().allgatherv(idx_t.data_ptr(), all_idx.data_ptr(), icounts, rr::DataType::i64, call);
     std::vector<int64_t> vshape = val.sizes().vec();
     vshape[0] = total_nnz;
     at::Tensor all_val = at::empty(vshape, val.options());
     const Elems ve = move_elems(val);
     const size_t per = val.numel() > 0 ? ve.count / static_cast<size_t>(val.numel()) : 1;
     for (auto& v : vcounts) v *= per;
-    comm_->allgatherv(val.data_ptr(), all_val.data_ptr(), vcounts, ve.dtype, call);
+    comm().allgatherv(val.data_ptr(), all_val.data_ptr(), vcounts, ve.dtype, call);
     result = at::sparse_coo_tensor(all_idx.t(), all_val, t.sizes()).coalesce();
     user.copy_(result);
   } catch (...) {
@@ -130,14 +130,14 @@ void RingreduceGroup::monitoredBarrier(const c10d::BarrierOptions& opts, bool wa
   call.memory = rr::Memory::host;
   uint8_t token = 1;
   if (rank_ != 0) {
-    comm_->send(&token, 1, rr::DataType::u8, 0, kMonitoredBarrierTag, call);
-    comm_->recv(&token, 1, rr::DataType::u8, 0, kMonitoredBarrierTag, call);
+    comm().send(&token, 1, rr::DataType::u8, 0, kMonitoredBarrierTag, call);
+    comm().recv(&token, 1, rr::DataType::u8, 0, kMonitoredBarrierTag, call);
     return;
   }
   std::vector<uint8_t> tokens(static_cast<size_t>(size()));
   std::vector<rr::Work> reports;
   for (int q = 1; q < size(); ++q)
-    reports.push_back(comm_->recv_async(&tokens[static_cast<size_t>(q)], 1, rr::DataType::u8, q,
+    reports.push_back(comm().recv_async(&tokens[static_cast<size_t>(q)], 1, rr::DataType::u8, q,
                                         kMonitoredBarrierTag, call));
   std::vector<int> missing;
   std::string first_error;
@@ -159,7 +159,7 @@ void RingreduceGroup::monitoredBarrier(const c10d::BarrierOptions& opts, bool wa
                            std::to_string(timeout.count()) + " ms (" + first_error + ")");
   }
   for (int q = 1; q < size(); ++q)
-    comm_->send(&token, 1, rr::DataType::u8, q, kMonitoredBarrierTag, call);
+    comm().send(&token, 1, rr::DataType::u8, q, kMonitoredBarrierTag, call);
 }
 
 }  // namespace ringreduce::torch_backend
@@ -173,11 +173,18 @@ PYBIND11_MODULE(_torch_backend, m) {
   m.def(
       "create",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-         std::chrono::milliseconds timeout) -> c10::intrusive_ptr<ringreduce::torch_backend::Base> {
-        return c10::make_intrusive<RingreduceGroup>(store, rank, size, timeout);
+         std::chrono::milliseconds timeout,
+         bool reconfigure) -> c10::intrusive_ptr<ringreduce::torch_backend::Base> {
+        return c10::make_intrusive<RingreduceGroup>(store, rank, size, timeout, !reconfigure);
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
-      py::call_guard<py::gil_scoped_release>(),
+      py::arg("reconfigure") = false, py::call_guard<py::gil_scoped_release>(),
       "Creates the process group (torch 1.13) or backend (torch 2.x) that torch.distributed calls "
-      "for 'ringreduce'.");
+      "for 'ringreduce'; reconfigure (torch 2.14's enable_reconfigure): without members until "
+      "reconfigure() names them.");
+#ifdef C10D_BACKEND_HAS_RECONFIGURE
+  m.attr("FAULT_TOLERANCE") = true;
+#else
+  m.attr("FAULT_TOLERANCE") = false;
+#endif
 }

@@ -17,7 +17,9 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -42,15 +44,26 @@ class RingreduceGroup : public Base {
   // Allreduces up to this size run in the calling thread (see allreduce).
   static constexpr size_t kInlineBytes = 64 * 1024;
 
+  // configured false (torch 2.14's init_process_group(enable_reconfigure=True)): no
+  // communicator until reconfigure() makes one from the members' handles; every call before
+  // fails, saying so.
   RingreduceGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                  std::chrono::milliseconds timeout)
+                  std::chrono::milliseconds timeout, bool configured = true)
       : Base(rank, size), timeout_(timeout) {
-    rr::Options o;
-    o.rank = rank;
-    o.world_size = size;
-    o.timeout = timeout;
-    o.store = std::make_shared<TorchStore>(store);
-    comm_ = std::make_unique<rr::Communicator>(o);
+    if (configured) {
+      rr::Options o;
+      o.rank = rank;
+      o.world_size = size;
+      o.timeout = timeout;
+      o.store = std::make_shared<TorchStore>(store);
+      adopt(std::make_unique<rr::Communicator>(o));
+    }
+    init();
+  }
+  // Over a communicator made already (shrink, split, reconfigure).
+  RingreduceGroup(std::unique_ptr<rr::Communicator> comm, std::chrono::milliseconds timeout)
+      : Base(comm->rank(), comm->size()), timeout_(timeout) {
+    adopt(std::move(comm));
     init();
   }
   ~RingreduceGroup() override {
@@ -59,12 +72,46 @@ class RingreduceGroup : public Base {
     if (PyGILState_Check()) {
       py::gil_scoped_release nogil;
       comm_.reset();
+      retired_.clear();
     } else {
       comm_.reset();
+      retired_.clear();
     }
   }
 
-  const std::string getBackendName() const override { return "ringreduce"; }
+#ifdef C10D_BACKEND_HAS_RECONFIGURE
+  // torch 2.14's fault-tolerance contract (torch_fault.cc): shrink_group, split, reconfigure,
+  // abort, shutdown, get_error, set_timeout and abort hooks.
+  bool supportsSplitting() const override {
+    return true;
+  }
+  bool supportsShrinking() const override {
+    return true;
+  }
+  bool supportsReconfigure() const override {
+    return true;
+  }
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
+                                          const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<Options>& opts) override;
+  c10::intrusive_ptr<c10d::Backend> shrink(const std::vector<int64_t>& ranks_to_exclude,
+                                           int shrink_flags,
+                                           const c10::intrusive_ptr<Options>& opts) override;
+  c10d::ReconfigureHandle get_reconfigure_handle() const override;
+  c10::intrusive_ptr<c10d::Work> reconfigure(const c10d::ReconfigureOptions& opts) override;
+  c10d::ErrorType getError() override;
+  void abort() override;
+  void shutdown() override;
+  void setTimeout(std::chrono::milliseconds timeout) override;
+#endif
+#ifdef C10D_BACKEND_HAS_HOOKS
+  void registerAbortHook(int64_t hook_id, c10d::AbortHook hook) override;
+  void unregisterAbortHook(int64_t hook_id) override;
+#endif
+
+  const std::string getBackendName() const override {
+    return "ringreduce";
+  }
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
@@ -88,8 +135,8 @@ class RingreduceGroup : public Base {
       std::exception_ptr error;
       try {
         // Ctrl-C aborts it; Python raises KeyboardInterrupt as soon as it runs again.
-        python::Interruptible interruptible(*comm_);
-        comm_->allreduce(t.data_ptr(), t.data_ptr(), e.count, e.dtype, r.op, call);
+        python::Interruptible interruptible(comm());
+        comm().allreduce(t.data_ptr(), t.data_ptr(), e.count, e.dtype, r.op, call);
       } catch (...) {
         error = std::current_exception();
       }
@@ -97,7 +144,7 @@ class RingreduceGroup : public Base {
     }
     return launch(
         c10d::OpType::ALLREDUCE, {user},
-        {comm_->allreduce_async(t.data_ptr(), t.data_ptr(), e.count, e.dtype, r.op, call)},
+        {comm().allreduce_async(t.data_ptr(), t.data_ptr(), e.count, e.dtype, r.op, call)},
         staging);
   }
 
@@ -123,7 +170,7 @@ class RingreduceGroup : public Base {
     const Elems e = reduce_elems(flat, opts.reduceOp, c);
     const Reduction r = reduction(opts.reduceOp, c);
     return launch(c10d::OpType::ALLREDUCE_COALESCED, tensors,
-                  {comm_->allreduce_async(flat.data_ptr(), flat.data_ptr(), e.count, e.dtype, r.op,
+                  {comm().allreduce_async(flat.data_ptr(), flat.data_ptr(), e.count, e.dtype, r.op,
                                           call_options(opts.timeout, r.premul_factor))},
                   {flat}, unpack(flat, tensors));
   }
@@ -139,7 +186,7 @@ class RingreduceGroup : public Base {
     const Elems e = move_elems(t);
     return launch(
         c10d::OpType::BROADCAST, {user},
-        {comm_->broadcast_async(t.data_ptr(), e.count, e.dtype, static_cast<int>(opts.rootRank),
+        {comm().broadcast_async(t.data_ptr(), e.count, e.dtype, static_cast<int>(opts.rootRank),
                                 call_options(opts.timeout))},
         staging);
   }
@@ -158,7 +205,7 @@ class RingreduceGroup : public Base {
     at::Tensor t = rank_ == root ? staging.inout(user) : staging.input(user);
     return launch(
         c10d::OpType::REDUCE, {user},
-        {comm_->reduce_async(t.data_ptr(), rank_ == root ? t.data_ptr() : nullptr, e.count, e.dtype,
+        {comm().reduce_async(t.data_ptr(), rank_ == root ? t.data_ptr() : nullptr, e.count, e.dtype,
                              r.op, root, call_options(opts.timeout, r.premul_factor))},
         staging);
   }
@@ -185,8 +232,8 @@ class RingreduceGroup : public Base {
         std::all_of(counts.begin(), counts.end(), [&](size_t n) { return n == counts[0]; });
     const rr::CallOptions call = call_options(opts.timeout);
     rr::Work w =
-        even ? comm_->allgather_async(in.data_ptr(), flat.data_ptr(), e.count, e.dtype, call)
-             : comm_->allgatherv_async(in.data_ptr(), flat.data_ptr(), counts, e.dtype, call);
+        even ? comm().allgather_async(in.data_ptr(), flat.data_ptr(), e.count, e.dtype, call)
+             : comm().allgatherv_async(in.data_ptr(), flat.data_ptr(), counts, e.dtype, call);
     return launch(c10d::OpType::ALLGATHER, outs, {w}, {flat, in}, unpack_bytes(flat, outs),
                   staging);
   }
@@ -223,7 +270,7 @@ class RingreduceGroup : public Base {
     for (auto& l : output_lists) all.insert(all.end(), l.begin(), l.end());
     // Rank r's block is its inputs one after another: exactly the lists, rank by rank.
     return launch(c10d::OpType::ALLGATHER_COALESCED, all,
-                  {comm_->allgather_async(flat_in.data_ptr(), flat_out.data_ptr(), e.count, e.dtype,
+                  {comm().allgather_async(flat_in.data_ptr(), flat_out.data_ptr(), e.count, e.dtype,
                                           call_options(opts.timeout))},
                   {flat_in, flat_out}, unpack(flat_out, all));
   }
@@ -242,7 +289,7 @@ class RingreduceGroup : public Base {
       check(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()), c,
             "only the root passes output tensors");
       return launch(c10d::OpType::GATHER, {},
-                    {comm_->gather_async(in.data_ptr(), nullptr, e.count, e.dtype, root,
+                    {comm().gather_async(in.data_ptr(), nullptr, e.count, e.dtype, root,
                                          call_options(opts.timeout))},
                     {in});
     }
@@ -252,7 +299,7 @@ class RingreduceGroup : public Base {
       check(o.numel() == user_in.numel(), c, "every output must match the input's size");
     at::Tensor flat = at::empty({user_in.numel() * size()}, user_in.options());
     return launch(c10d::OpType::GATHER, outputs[0],
-                  {comm_->gather_async(in.data_ptr(), flat.data_ptr(), e.count, e.dtype, root,
+                  {comm().gather_async(in.data_ptr(), flat.data_ptr(), e.count, e.dtype, root,
                                        call_options(opts.timeout))},
                   {flat, in}, unpack(flat, outputs[0]));
   }
@@ -279,7 +326,7 @@ class RingreduceGroup : public Base {
             "only the root passes input tensors");
     }
     return launch(c10d::OpType::SCATTER, {user_out},
-                  {comm_->scatter_async(flat.defined() ? flat.data_ptr() : nullptr, out.data_ptr(),
+                  {comm().scatter_async(flat.defined() ? flat.data_ptr() : nullptr, out.data_ptr(),
                                         e.count, e.dtype, root, call_options(opts.timeout))},
                   staging, flat);
   }
@@ -304,10 +351,10 @@ class RingreduceGroup : public Base {
         std::all_of(counts.begin(), counts.end(), [&](size_t n) { return n == counts[0]; });
     const rr::CallOptions call = call_options(opts.timeout, r.premul_factor);
     // counts_of counts complex tensors in real elements, as reduce_elems does.
-    rr::Work w = even ? comm_->reduce_scatter_async(flat.data_ptr(), out.data_ptr(),
+    rr::Work w = even ? comm().reduce_scatter_async(flat.data_ptr(), out.data_ptr(),
                                                     e.count / static_cast<size_t>(size()), e.dtype,
                                                     r.op, call)
-                      : comm_->reduce_scatterv_async(flat.data_ptr(), out.data_ptr(), counts,
+                      : comm().reduce_scatterv_async(flat.data_ptr(), out.data_ptr(), counts,
                                                      e.dtype, r.op, call);
     return launch(c10d::OpType::REDUCE_SCATTER, {user_out}, {w}, staging, flat);
   }
@@ -374,7 +421,7 @@ class RingreduceGroup : public Base {
     at::Tensor in = staging.input(user_in), out = staging.output(user_out);
     const Elems e = move_elems(in);
     return launch(c10d::OpType::ALLTOALL_BASE, {user_out},
-                  {comm_->alltoallv_async(in.data_ptr(), sc, out.data_ptr(), rc, e.dtype,
+                  {comm().alltoallv_async(in.data_ptr(), sc, out.data_ptr(), rc, e.dtype,
                                           call_options(opts.timeout))},
                   staging);
   }
@@ -395,13 +442,13 @@ class RingreduceGroup : public Base {
     at::Tensor flat_out =
         at::empty({static_cast<int64_t>(total(rc))}, at::TensorOptions().dtype(at::kByte));
     return launch(c10d::OpType::ALLTOALL, outputs,
-                  {comm_->alltoallv_async(flat_in.data_ptr(), sc, flat_out.data_ptr(), rc,
+                  {comm().alltoallv_async(flat_in.data_ptr(), sc, flat_out.data_ptr(), rc,
                                           rr::DataType::u8, call_options(opts.timeout))},
                   {flat_in, flat_out}, unpack_bytes(flat_out, outputs));
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
-    return launch(c10d::OpType::BARRIER, {}, {comm_->barrier_async(call_options(opts.timeout))});
+    return launch(c10d::OpType::BARRIER, {}, {comm().barrier_async(call_options(opts.timeout))});
   }
 
   // gloo's monitored barrier: every rank reports to rank 0 within the timeout, and rank 0 names
@@ -412,7 +459,7 @@ class RingreduceGroup : public Base {
   // Sequence numbers agree by construction: every rank counts the collectives it issued.
   void setSequenceNumberForGroup() override {}
   uint64_t getSequenceNumberForGroup() override {
-    return comm_->sequence_number();
+    return comm().sequence_number();
   }
 
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
@@ -422,7 +469,7 @@ class RingreduceGroup : public Base {
     at::Tensor t = staging.input(user);
     const Elems e = move_elems(t);
     return launch(c10d::OpType::SEND, {user},
-                  {comm_->send_async(t.data_ptr(), e.count, e.dtype, dst, as_tag(tag))}, staging);
+                  {comm().send_async(t.data_ptr(), e.count, e.dtype, dst, as_tag(tag))}, staging);
   }
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
     return receive(tensors, src, tag, c10d::OpType::RECV);
@@ -471,8 +518,7 @@ class RingreduceGroup : public Base {
 
   c10::intrusive_ptr<WorkRR> work(c10d::OpType type, std::vector<at::Tensor> outputs,
                                   std::function<void()> after = nullptr) {
-    return c10::make_intrusive<WorkRR>(rank_, type, std::move(outputs), std::move(after),
-                                       comm_.get());
+    return c10::make_intrusive<WorkRR>(rank_, type, std::move(outputs), std::move(after), &comm());
   }
   c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, std::vector<at::Tensor> outputs,
                                         std::vector<rr::Work> ops,
@@ -491,8 +537,29 @@ class RingreduceGroup : public Base {
     return launch(type, std::move(outputs), std::move(ops), std::move(keep), nullptr, staging);
   }
 
+  // The communicator, or an error saying why there is none yet (enable_reconfigure).
+  rr::Communicator& comm() const {
+    if (!comm_)
+      throw rr::InvalidArgument(
+          "rank " + std::to_string(rank_) +
+          ": this process group was made with enable_reconfigure=True and has no members yet: "
+          "call torch.distributed._reconfigure with every member's handle first");
+    return *comm_;
+  }
+  // Makes comm the one calls go to (its abort runs the abort hooks); the one it replaces stays,
+  // aborted, until this group ends: unfinished Works point at it.
+  void adopt(std::unique_ptr<rr::Communicator> comm);
+  void run_abort_hooks();
+
   std::chrono::milliseconds timeout_;
   std::unique_ptr<rr::Communicator> comm_;
+  std::vector<std::unique_ptr<rr::Communicator>> retired_;
+  // reconfigure's: this rank's endpoint, made by get_reconfigure_handle() and used by the next
+  // reconfigure(), and the uuids used so far (a reused one is refused, as torch asks).
+  mutable std::unique_ptr<rr::Endpoint> endpoint_;
+  std::vector<int64_t> uuids_;
+  std::mutex hooks_mu_;
+  std::map<int64_t, std::function<void()>> hooks_;
 };
 
 }  // namespace ringreduce::torch_backend

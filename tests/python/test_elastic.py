@@ -29,3 +29,9 @@ def test_bad_shrink_arguments_fail_every_rank_at_once():
         assert f"rank {r}: shrink: exclude names rank 3, which is not a rank" in invalid[0], ls
         assert "twice" in invalid[1], ls
         assert "OK" in ls, ls
+
+
+def test_a_newcomer_joins_what_the_members_grow():
+    _, lines, _ = launch(4, "elastic.py", "grow", timeout=60)
+    for r in range(4):
+        assert f"GROWN size=4 rank={r} sum=10.0" in lines[r], lines[r]

@@ -26,8 +26,24 @@ def _create(store, rank, size, timeout):
     return _torch_backend.create(store, rank, size, timeout)
 
 
+def _create_extended(opts, backend_options):
+    # torch 2.14's creator arguments (extended_api): enable_reconfigure makes a group without
+    # members until torch.distributed._reconfigure names them (docs/PYTHON.md).
+    return _torch_backend.create(opts.store, opts.group_rank, opts.group_size, opts.timeout,
+                                 bool(getattr(opts, "enable_reconfigure", False)))
+
+
+def _has_fault_tolerance():
+    """torch 2.14's Backend fault-tolerance contract (shrink_group, reconfigure), compiled in."""
+    return bool(getattr(_torch_backend, "FAULT_TOLERANCE", False)) and hasattr(
+        _dist.distributed_c10d._DistributedBackendOptions(), "enable_reconfigure")
+
+
 if BACKEND.upper() not in _dist.Backend._plugins:
-    if _torch_backend.TORCH_MAJOR >= 2:
+    if _has_fault_tolerance():
+        _dist.Backend.register_backend(BACKEND, _create_extended, extended_api=True,
+                                       devices=["cpu"])
+    elif _torch_backend.TORCH_MAJOR >= 2:
         # torch 2.x dispatches per device: without "cpu" here it finds no backend for CPU
         # tensors' point-to-point calls.
         _dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])

@@ -4,6 +4,12 @@ from typing import Any
 
 # The torch major version the module was built against (1 or 2).
 TORCH_MAJOR: int
+# Whether torch's headers had the fault-tolerance contract (torch 2.14: shrink, split,
+# reconfigure, abort, shutdown, get_error, set_timeout, abort hooks) and the backend implements it.
+FAULT_TOLERANCE: bool
 
 # The ProcessGroup (torch 1.13) or Backend (torch 2.x) for "ringreduce"; torch.distributed calls it.
-def create(store: Any, rank: int, size: int, timeout: timedelta) -> Any: ...
+# reconfigure: made without members until torch.distributed._reconfigure names them.
+def create(
+    store: Any, rank: int, size: int, timeout: timedelta, reconfigure: bool = False
+) -> Any: ...

@@ -3,6 +3,7 @@
   numpy   rank 2 of 4 SIGKILLs itself inside an allreduce; the survivors catch the error, agree on
           who is gone, shrink, and run exact allreduces on the 3 that are left
   bad     bad shrink arguments raise InvalidArgument on every rank at once (no rank dies)
+  grow    ranks 0-2 grow their communicator by one newcomer, which ringrun's rank 3 plays
 
 Each rank prints what it saw ("ERROR <class> <peer>", "AGREED ...", "SHRUNK ...", "EXACT ...").
 """
@@ -64,3 +65,13 @@ elif case == "bad":
             print(f"INVALID {e}", flush=True)
     comm.allreduce(np.ones(4, dtype=np.float32))  # the communicator is untouched
     print("OK", flush=True)
+elif case == "grow":
+    # Ranks 0..2 are members; rank 3 of ringrun plays a newcomer: it joins what they grow.
+    members = comm.split(0 if R < 3 else ringreduce.NO_COLOR, R)  # every rank takes part
+    if R == 3:
+        g = ringreduce.Communicator.join("py-grow")
+    else:
+        g = members.grow("py-grow", 1)
+    x = np.full(1000, g.rank + 1, dtype=np.float32)
+    g.allreduce(x)
+    print(f"GROWN size={g.size} rank={g.rank} sum={float(x[0])}", flush=True)

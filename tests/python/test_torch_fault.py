@@ -1,0 +1,76 @@
+"""torch 2.14's fault-tolerance contract on the backend (workers/torch_fault.py, under ringrun
+--elastic): the supports_* answers, shrink_group after a SIGKILL with both flags, reconfigure
+from handles before and after a SIGKILL, split_group, get_error, set_timeout, abort hooks.
+Skipped where torch has no such contract (1.13, 2.6: docs/PYTHON.md says what each has)."""
+
+import pytest
+
+from conftest import have_module, launch
+
+
+def fault_tolerant_torch():
+    torch = pytest.importorskip("torch")
+    if not have_module("_torch_backend"):
+        pytest.skip("the torch backend was not built")
+    import torch.distributed as dist
+
+    if not hasattr(dist, "shrink_group") or not hasattr(dist, "_reconfigure"):
+        pytest.skip(f"torch {torch.__version__} has no shrink_group/_reconfigure (2.14 has)")
+
+
+def facts(lines, rank, key):
+    got = [l for l in lines.get(rank, []) if l.startswith(key + " ") or l == key]
+    assert got, f"rank {rank} printed no {key}: {lines.get(rank)}"
+    return got[0]
+
+
+def test_surface_supports_split_timeout_error_and_abort_hooks():
+    fault_tolerant_torch()
+    _, lines, out = launch(4, "torch_fault.py", "surface", elastic=True, timeout=90)
+    for r in range(4):
+        assert facts(lines, r, "SUPPORTS") == "SUPPORTS splitting=True shrinking=True reconfigure=True"
+        assert facts(lines, r, "ERROR_BEFORE").endswith("SUCCESS"), lines[r]
+    for r in (0, 1):
+        assert facts(lines, r, "SPLIT") == "SPLIT size=2 rank=%d sum=2.0" % r, lines[r]
+    # torch's dist.split_group refuses a CPU-only default group before it reaches any backend
+    # (gloo's alike): said here, so that a torch that lets it through is noticed.
+    split = facts(lines, 0, "DIST_SPLIT")
+    assert split == "DIST_SPLIT ok" or "No device associated" in split, split
+    timed = facts(lines, 0, "TIMED_OUT")
+    assert "TimeoutError" in timed or "DistBackendError" in timed or "RuntimeError" in timed, timed
+    assert float(timed.split("after=")[1].split()[0]) < 3.0, timed
+    after = facts(lines, 0, "ERROR_AFTER")
+    assert "TIMEOUT" in after and after.endswith("hooked=1"), after
+
+
+@pytest.mark.parametrize("flag", ["default", "abort"])
+def test_shrink_group_after_a_sigkill(flag):
+    fault_tolerant_torch()
+    rc, lines, out = launch(4, "torch_fault.py", "shrink", flag, elastic=True, timeout=90,
+                            expect_ok=False)
+    assert rc == 0, out[-4000:]
+    for r in (0, 1, 3):
+        assert "rank 2" in facts(lines, r, "FAILED"), lines[r]
+        assert facts(lines, r, "GET_ERROR").split()[-1] in ("ErrorType.REMOTE_ERROR",
+                                                            "ErrorType.COMM_ERROR"), lines[r]
+        shrunk = facts(lines, r, "SHRUNK")
+        assert f"size=3 rank={[0, 1, 3].index(r)} default=True" in shrunk, shrunk
+        exact = facts(lines, r, "EXACT")
+        assert exact.startswith("EXACT 7.0 "), exact
+        # From the kill to the first exact collective on the shrunk group.
+        assert float(exact.split("after=")[1]) < 2.0, exact
+
+
+def test_reconfigure_from_handles_before_and_after_a_sigkill():
+    fault_tolerant_torch()
+    rc, lines, out = launch(4, "torch_fault.py", "reconfigure", elastic=True, timeout=90,
+                            expect_ok=False)
+    assert rc == 0, out[-4000:]
+    for r in range(4):
+        assert "has no members yet" in facts(lines, r, "BEFORE"), lines[r]
+        assert facts(lines, r, "CONFIGURED") == f"CONFIGURED size=4 rank={r} sum=10.0", lines[r]
+    for r in (0, 1, 2):
+        again = facts(lines, r, "RECONFIGURED")
+        assert f"size=3 rank={r} sum=6.0" in again, again
+        assert float(again.split("after=")[1].split()[0]) < 3.0, again
+        assert "was used before" in facts(lines, r, "REUSED"), lines[r]
