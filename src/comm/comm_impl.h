@@ -269,7 +269,8 @@ class CommImpl {
   // After an error in the thread that drives: names its deepest cause, fails the transport and
   // every point-to-point request, and aborts the communicator. Returns the error to report.
   std::exception_ptr fail_communicator(std::exception_ptr error,
-                                       const std::function<std::string()>& prefix);
+                                       const std::function<std::string()>& prefix,
+                                       bool passed_on = false);
   void run(OpState& op);
   // Runs op's algorithm (or fails it if the communicator is aborted); returns its error.
   std::exception_ptr execute(OpState& op);

@@ -283,13 +283,16 @@ std::shared_ptr<Store> connect_store(const std::string& host, int port, bool tor
 std::string job_id(const core::Config& config) {
   std::string id = trim(config.str("RINGREDUCE_JOB_ID"));
   if (!id.empty()) return id;
-  if (auto run = launcher_var("TORCHELASTIC_RUN_ID");
-      run && !trim(*run).empty() && trim(*run) != "none") {
+  auto run = launcher_var("TORCHELASTIC_RUN_ID");
+  auto restart = launcher_var("TORCHELASTIC_RESTART_COUNT");
+  if ((run && !trim(*run).empty() && trim(*run) != "none") || restart) {
     // The agent's store outlives a restart of the workers (torchrun --max-restarts), keys and
     // failure mark included: each attempt gets a namespace of its own, as torch's own
-    // init_process_group does.
-    auto restart = launcher_var("TORCHELASTIC_RESTART_COUNT");
-    return "torchrun-" + trim(*run) + (restart ? "." + trim(*restart) : "");
+    // init_process_group does. Also under the static rendezvous, whose run id is "none": its
+    // restarts reuse the agent's store too (seen: every restarted rank refused as "a job that has
+    // already started").
+    const std::string id = run && !trim(*run).empty() ? trim(*run) : "none";
+    return "torchrun-" + id + (restart ? "." + trim(*restart) : "");
   }
   if (auto job = launcher_var("SLURM_JOB_ID")) {
     auto step = launcher_var("SLURM_STEP_ID");

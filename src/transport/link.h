@@ -17,6 +17,7 @@
 #include <string>
 
 #include "core/deadline.h"
+#include "ringreduce/error.h"
 #include "ringreduce/types.h"
 
 namespace ringreduce::transport {
@@ -232,6 +233,14 @@ class Transport {
   // `reason` and `code` (an ErrorCode: aborted for abort(), mismatch when the stall monitor finds
   // that the ranks waiting for each other issued different calls), via throw_interrupt().
   virtual void interrupt(const std::string& reason, int code) = 0;
+};
+
+// A peer's abort notice that pins the failure on a rank (a dead one, say), as the links raise it:
+// the peer looked for a deeper cause before it passed this one on, so its receiver need not wait
+// to look again (CommImpl::fail_communicator).
+class NoticeError : public PeerError {
+ public:
+  using PeerError::PeerError;
 };
 
 // For find_cause: whether a peer's notice (an Error it failed with, passed on) says more than our

@@ -14,6 +14,10 @@
 #             link is taken down in the middle (scripts/cluster link 2 down); every rank must fail
 #             within the timeout + 1 s of the cut, ranks 0 and 1 naming rank 2 and rank 2 naming
 #             rank 0 or 1, and leave no descriptor or thread behind
+#   shrink    4 hosts x 1 rank at 1 Gbit/s, then 3 hosts x 2 ranks (shared memory within, TCP
+#             between): a rank SIGKILLed inside an allreduce (shrink_rank.cc); the survivors shrink
+#             and go on exactly, from the kill to the first exact allreduce in under 2 s, and
+#             leave no descriptor or thread behind
 #   loss      3 hosts, 5% of the frames dropped each way on host 2's link (scripts/cluster loss):
 #             allreduces of every dtype and several sizes must come out right, with the drops
 #             counted and TCP seen retransmitting
@@ -131,6 +135,37 @@ case "$case_name" in
     "$cluster" up 3 --rate 10gbit || fail "cluster up"
     check_run "broadcast with torchrun's variables, 3 hosts" 3 "$cluster" run --launcher torchrun \
       --timeout 120 -- "$perf" broadcast -b 4 -e 1M -f 32 -n 2 -w 1 -r 2 -d all
+    ;;
+  shrink)
+    for shape in "4 1 2" "3 2 3"; do
+      read -r hosts per victim <<<"$shape"
+      n=$((hosts * per))
+      "$cluster" up "$hosts" --rate 1gbit || fail "cluster up"
+      pids=()
+      for ((r = 0; r < n; r++)); do
+        h=$((r / per))
+        "$cluster" exec "$h" -- env RINGREDUCE_RANK=$r RINGREDUCE_WORLD_SIZE=$n \
+          RINGREDUCE_ADDR=10.213.77.1:29500 RINGREDUCE_LOCAL_SIZE=$per \
+          timeout 60 "$build/tests/multiprocess/shrink_rank" coll "$victim" $((n - 1)) 10 \
+          >"$work/shrink_$r" 2>&1 &
+        pids+=($!)
+      done
+      for ((r = 0; r < n; r++)); do
+        wait "${pids[$r]}"
+        code=$?
+        if [ "$r" = "$victim" ]; then
+          [ $code -eq 137 ] || { cat "$work/shrink_$r"; fail "victim $r exited $code, not by SIGKILL"; }
+          continue
+        fi
+        grep -E "^(RESULT|CLEAN)" "$work/shrink_$r" | sed "s/^/$hosts hosts x $per: /"
+        [ $code -eq 0 ] || { cat "$work/shrink_$r"; fail "rank $r exited $code"; }
+        took=$(sed -n 's/.*recovered after \([0-9.]*\) s.*/\1/p' "$work/shrink_$r")
+        awk -v t="$took" 'BEGIN { exit !(t > 0 && t < 2.0) }' ||
+          fail "rank $r: ${took} s from the kill to its first exact allreduce after the shrink"
+      done
+      "$cluster" down
+    done
+    echo "ok: survivors of a SIGKILL across hosts shrink and go on exactly within 2 s"
     ;;
   linkdown)
     "$cluster" up 3 --rate 1gbit || fail "cluster up"

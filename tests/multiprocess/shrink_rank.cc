@@ -12,6 +12,11 @@
 //           p2p      the loop is a ring of sends and receives; the victims die inside it
 //           shrink   the first victim dies inside an allreduce, the others while the survivors
 //                    are shrinking (a moment later: inside the agreement or making the links)
+//           restart  the restart-everything baseline under torchrun --max-restarts (the
+//                    bench's, bench/elastic_recovery.sh): in the first attempt the victims die
+//                    inside an allreduce and the others fail and exit; torchrun starts them all
+//                    again, and the next attempt prints the seconds from the kill to its first
+//                    exact allreduce. The kill's time travels in $RR_RESTART_FILE.
 //     VICTIMS: comma-separated ranks ("2", "0,3")
 #include <signal.h>
 #include <unistd.h>
@@ -73,6 +78,50 @@ int main(int argc, char** argv) {
   }
   const int expected = std::atoi(argv[3]);
   const double timeout_s = std::atof(argv[4]);
+  if (when == "restart") {
+    const char* file = std::getenv("RR_RESTART_FILE");
+    const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
+    if (!file) return 2;
+    Options o;
+    o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+    Communicator comm = Communicator::from_env(o);
+    std::vector<int> world(static_cast<size_t>(comm.size()));
+    for (int r = 0; r < comm.size(); ++r) world[static_cast<size_t>(r)] = r;
+    std::vector<float> buf((256 << 10) * static_cast<size_t>(comm.size()));
+    if (attempt && std::atoi(attempt) > 0) {
+      const bool ok = exact_allreduce(comm, world, buf);
+      double at = 0;
+      if (FILE* f = std::fopen(file, "r")) {
+        if (std::fscanf(f, "%lf", &at) != 1) at = 0;
+        std::fclose(f);
+      }
+      std::printf("RESULT rank %d restarted exact %d recovered after %.3f s\n", comm.rank(),
+                  ok ? 1 : 0, rrtest::wall_seconds() - at);
+      return ok ? 0 : 1;
+    }
+    if (!exact_allreduce(comm, world, buf)) return 4;
+    double at = rrtest::wall_seconds() + 0.3;
+    comm.broadcast(&at, 1, DataType::f64, 0);
+    if (comm.rank() == 0) {
+      if (FILE* f = std::fopen(file, "w")) {
+        std::fprintf(f, "%.6f\n", at);
+        std::fclose(f);
+      }
+    }
+    if (std::count(victims.begin(), victims.end(), comm.rank()) > 0) {
+      std::thread([at] {
+        sleep_until_wall(at);
+        raise(SIGKILL);
+      }).detach();
+    }
+    try {
+      for (int i = 0; i < 1000000 && rrtest::wall_seconds() < at + 30; ++i)
+        exact_allreduce(comm, world, buf);
+    } catch (const Error&) {
+      return 1;  // torchrun restarts everyone
+    }
+    return 3;
+  }
   const int fds_before = rrtest::open_fds();
   const int threads_before = rrtest::thread_count();
   int rank = -1, shrinks = 0, final_size = -1, since_shrink = 0;

@@ -399,6 +399,11 @@ TEST(TorchStore, LaunchEnvTellsTheAgentStore) {
     EXPECT_TRUE(launch_hints(config).torch_store);
     // Each restart of the workers in a namespace of its own: the agent's store outlives them.
     EXPECT_EQ(job_id(config), "torchrun-job7.2");
+    {
+      // The static rendezvous's run id, "none": its restarts still get namespaces of their own.
+      Env none("TORCHELASTIC_RUN_ID", "none");
+      EXPECT_EQ(job_id(config), "torchrun-none.2");
+    }
     core::Config own(std::map<std::string, std::string>{{"RINGREDUCE_ADDR", "127.0.0.1:29600"}});
     EXPECT_FALSE(detect_launch(own).torch_store);
   }

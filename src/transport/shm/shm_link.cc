@@ -41,7 +41,7 @@ std::exception_ptr ShmLink::notice() const {
   // Read from the peer's memory: believed only when it names a rank of the job.
   const int32_t blamed = ctl->abort_blamed;
   return std::make_exception_ptr(
-      PeerError(msg, blamed >= 0 && blamed < owner_->size() ? blamed : peer_));
+      NoticeError(msg, blamed >= 0 && blamed < owner_->size() ? blamed : peer_));
 }
 
 int ShmLink::notice_code() const {

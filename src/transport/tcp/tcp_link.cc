@@ -416,7 +416,7 @@ void TcpLink::set_notice(int32_t code, int32_t blamed, const std::string& reason
                 ? std::make_exception_ptr(MismatchError(msg))
             : code == static_cast<int>(ErrorCode::timeout)
                 ? std::make_exception_ptr(TimeoutError(msg))
-                : std::make_exception_ptr(PeerError(msg, blamed >= 0 ? blamed : peer_));
+                : std::make_exception_ptr(NoticeError(msg, blamed >= 0 ? blamed : peer_));
 }
 
 bool TcpLink::salvage_notice() {
