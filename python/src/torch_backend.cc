@@ -182,6 +182,19 @@ PYBIND11_MODULE(_torch_backend, m) {
       "Creates the process group (torch 1.13) or backend (torch 2.x) that torch.distributed calls "
       "for 'ringreduce'; reconfigure (torch 2.14's enable_reconfigure): without members until "
       "reconfigure() names them.");
+  m.def(
+      "agree",
+      [](const c10::intrusive_ptr<ringreduce::torch_backend::Base>& backend, bool flag) {
+        auto* group = dynamic_cast<RingreduceGroup*>(backend.get());
+        if (group == nullptr)
+          throw ringreduce::InvalidArgument("agree: not a ringreduce process group or backend");
+        // Converted to a tuple by pybind11 after the call, with the GIL held again.
+        const ringreduce::Agreement a = group->agree(flag);
+        return std::make_pair(a.flag, a.failed);
+      },
+      py::arg("backend"), py::arg("flag") = true, py::call_guard<py::gil_scoped_release>(),
+      "agree(backend, flag): Communicator.agree on the backend's communicator: (the AND of every "
+      "survivor's flag, the ranks taken as failed), the same on every survivor.");
 #ifdef C10D_BACKEND_HAS_RECONFIGURE
   m.attr("FAULT_TOLERANCE") = true;
 #else

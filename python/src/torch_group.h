@@ -79,6 +79,9 @@ class RingreduceGroup : public Base {
     }
   }
 
+  // Communicator::agree on this group's communicator (ringreduce.torch.agree).
+  rr::Agreement agree(bool flag) { return comm().agree(flag); }
+
 #ifdef C10D_BACKEND_HAS_RECONFIGURE
   // torch 2.14's fault-tolerance contract (torch_fault.cc): shrink_group, split, reconfigure,
   // abort, shutdown, get_error, set_timeout and abort hooks.

@@ -35,3 +35,18 @@ def test_a_newcomer_joins_what_the_members_grow():
     _, lines, _ = launch(4, "elastic.py", "grow", timeout=60)
     for r in range(4):
         assert f"GROWN size=4 rank={r} sum=10.0" in lines[r], lines[r]
+
+
+def test_torch_agree_names_the_dead_rank_on_every_survivor():
+    import pytest
+
+    from conftest import have_module
+
+    pytest.importorskip("torch")
+    if not have_module("_torch_backend"):
+        pytest.skip("the torch backend was not built")
+    rc, lines, out = launch(4, "elastic.py", "torch_agree", elastic=True, timeout=90,
+                            expect_ok=False)
+    assert rc == 0, out[-4000:]
+    for r in (0, 1, 3):
+        assert "TORCH_AGREED (False, [2])" in lines[r], lines[r]

@@ -49,3 +49,14 @@ if BACKEND.upper() not in _dist.Backend._plugins:
         _dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
     else:
         _dist.Backend.register_backend(BACKEND, _create)
+
+
+def agree(group=None, flag=True):
+    """Fault-tolerant agreement among the ranks of `group` (default: the world) still alive, over
+    ringreduce's own connections (no store): returns (the AND of every survivor's flag, the
+    ranks taken as failed), the same on every survivor, also after a failure aborted the group.
+    What `dist.shrink_group` needs to be told: `flag, failed = ringreduce.torch.agree();
+    dist.shrink_group(failed)`."""
+    pg = group if group is not None else _dist.group.WORLD
+    backend = pg._get_backend(torch.device("cpu")) if _torch_backend.TORCH_MAJOR >= 2 else pg
+    return _torch_backend.agree(backend, flag)

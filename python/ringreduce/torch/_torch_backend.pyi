@@ -13,3 +13,7 @@ FAULT_TOLERANCE: bool
 def create(
     store: Any, rank: int, size: int, timeout: timedelta, reconfigure: bool = False
 ) -> Any: ...
+
+# Communicator.agree on a ringreduce backend's (or, torch 1.13, process group's) communicator:
+# (the AND of the flags, the ranks taken as failed).
+def agree(backend: Any, flag: bool = True) -> tuple[bool, list[int]]: ...

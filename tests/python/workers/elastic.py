@@ -4,6 +4,7 @@
           who is gone, shrink, and run exact allreduces on the 3 that are left
   bad     bad shrink arguments raise InvalidArgument on every rank at once (no rank dies)
   grow    ranks 0-2 grow their communicator by one newcomer, which ringrun's rank 3 plays
+  torch_agree  through torch.distributed: rank 2 dies, the others agree on it (any torch)
 
 Each rank prints what it saw ("ERROR <class> <peer>", "AGREED ...", "SHRUNK ...", "EXACT ...").
 """
@@ -75,3 +76,22 @@ elif case == "grow":
     x = np.full(1000, g.rank + 1, dtype=np.float32)
     g.allreduce(x)
     print(f"GROWN size={g.size} rank={g.rank} sum={float(x[0])}", flush=True)
+elif case == "torch_agree":
+    # Through torch.distributed (any torch version): a rank killed, the others agree on it.
+    import torch
+    import torch.distributed as dist
+
+    import ringreduce.torch as rt
+
+    comm.close()
+    dist.init_process_group("ringreduce")
+    x = torch.ones(1 << 16)
+    dist.all_reduce(x)
+    if dist.get_rank() == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        for _ in range(1000):
+            dist.all_reduce(x)
+    except Exception as e:  # noqa: BLE001
+        print(f"TORCH_ERROR {type(e).__name__}", flush=True)
+    print(f"TORCH_AGREED {rt.agree(flag=dist.get_rank() != 1)}", flush=True)
