@@ -9,6 +9,21 @@
 #include "torch_group.h"
 
 namespace ringreduce::torch_backend {
+namespace {
+
+// Runs f without the GIL: torch's bindings of some of these calls release it already (newer
+// pybind11 asserts that a release finds it held).
+template <class F>
+void without_gil(F&& f) {
+  if (PyGILState_Check()) {
+    py::gil_scoped_release nogil;
+    f();
+  } else {
+    f();
+  }
+}
+
+}  // namespace
 
 void RingreduceGroup::adopt(std::unique_ptr<rr::Communicator> comm) {
   if (comm_) retired_.push_back(std::move(comm_));
@@ -62,10 +77,8 @@ c10::intrusive_ptr<c10d::Backend> RingreduceGroup::shrink(
   const std::chrono::milliseconds timeout =
       opts && opts->timeout.count() > 0 ? opts->timeout : timeout_;
   std::unique_ptr<rr::Communicator> child;
-  {
-    py::gil_scoped_release nogil;  // an agreement among the survivors, then their links
-    child = std::make_unique<rr::Communicator>(comm().shrink(exclude, flags));
-  }
+  // An agreement among the survivors, then their links.
+  without_gil([&] { child = std::make_unique<rr::Communicator>(comm().shrink(exclude, flags)); });
   return c10::make_intrusive<RingreduceGroup>(std::move(child), timeout);
 }
 
@@ -79,9 +92,12 @@ c10::intrusive_ptr<c10d::Backend> RingreduceGroup::split(
         "this rank is not among the ranks of the new group");
   const std::chrono::milliseconds timeout =
       opts && opts->timeout.count() > 0 ? opts->timeout : timeout_;
-  py::gil_scoped_release nogil;
-  return c10::make_intrusive<RingreduceGroup>(store, static_cast<int>(me - ranks.begin()),
-                                              static_cast<int>(ranks.size()), timeout);
+  c10::intrusive_ptr<c10d::Backend> group;
+  without_gil([&] {
+    group = c10::make_intrusive<RingreduceGroup>(store, static_cast<int>(me - ranks.begin()),
+                                                 static_cast<int>(ranks.size()), timeout);
+  });
+  return group;
 }
 
 c10d::ReconfigureHandle RingreduceGroup::get_reconfigure_handle() const {
@@ -115,18 +131,24 @@ c10::intrusive_ptr<c10d::Work> RingreduceGroup::reconfigure(const c10d::Reconfig
   o.timeout = opts.timeout.value_or(timeout_);
   std::exception_ptr error;
   try {
-    py::gil_scoped_release nogil;
     std::unique_ptr<rr::Endpoint> endpoint = std::move(endpoint_);
-    auto comm = std::make_unique<rr::Communicator>(rr::Communicator::from_handles(
-        std::move(*endpoint), static_cast<uint64_t>(opts.uuid), handles, o));
+    std::unique_ptr<rr::Communicator> comm;
+    without_gil([&] {
+      comm = std::make_unique<rr::Communicator>(rr::Communicator::from_handles(
+          std::move(*endpoint), static_cast<uint64_t>(opts.uuid), handles, o));
+    });
     uuids_.push_back(opts.uuid);
-    if (comm_) comm_->abort("reconfigured (uuid " + std::to_string(opts.uuid) + ")");
     adopt(std::move(comm));
     timeout_ = o.timeout.value_or(timeout_);
   } catch (...) {
     error = std::current_exception();
   }
   return WorkRR::done(work(c10d::OpType::UNKNOWN, {}), error);
+}
+
+c10::intrusive_ptr<c10d::Backend::Options> RingreduceGroup::getBackendOptions() {
+  // What ProcessGroup::splitGroup clones for the new group's backend: the name and the timeout.
+  return c10::make_intrusive<Options>("ringreduce", timeout_);
 }
 
 c10d::ErrorType RingreduceGroup::getError() {
@@ -150,9 +172,12 @@ void RingreduceGroup::abort() {
 }
 
 void RingreduceGroup::shutdown() {
-  // torch's destroy_process_group: the communicator ends with this group, never waiting for
-  // peers; until then its calls fail, saying why.
-  if (comm_) comm_->abort("the process group was shut down (destroy_process_group)");
+  // torch's destroy_process_group. Not an abort: that would tell the peers, and fail a peer's
+  // call still finishing with data this rank has already sent (seen: a survivor done with its
+  // last allreduce shut down while another was still in it). The communicator ends with this
+  // group (never waiting for peers); until then calls say the group was shut down.
+  if (comm_) retired_.push_back(std::move(comm_));
+  shut_down_ = true;
 }
 
 void RingreduceGroup::setTimeout(std::chrono::milliseconds timeout) {

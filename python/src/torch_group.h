@@ -102,6 +102,7 @@ class RingreduceGroup : public Base {
                                            const c10::intrusive_ptr<Options>& opts) override;
   c10d::ReconfigureHandle get_reconfigure_handle() const override;
   c10::intrusive_ptr<c10d::Work> reconfigure(const c10d::ReconfigureOptions& opts) override;
+  c10::intrusive_ptr<Options> getBackendOptions() override;
   c10d::ErrorType getError() override;
   void abort() override;
   void shutdown() override;
@@ -542,6 +543,9 @@ class RingreduceGroup : public Base {
 
   // The communicator, or an error saying why there is none yet (enable_reconfigure).
   rr::Communicator& comm() const {
+    if (!comm_ && shut_down_)
+      throw rr::InvalidArgument("rank " + std::to_string(rank_) +
+                                ": this process group was shut down (destroy_process_group)");
     if (!comm_)
       throw rr::InvalidArgument(
           "rank " + std::to_string(rank_) +
@@ -557,6 +561,7 @@ class RingreduceGroup : public Base {
   std::chrono::milliseconds timeout_;
   std::unique_ptr<rr::Communicator> comm_;
   std::vector<std::unique_ptr<rr::Communicator>> retired_;
+  bool shut_down_ = false;
   // reconfigure's: this rank's endpoint, made by get_reconfigure_handle() and used by the next
   // reconfigure(), and the uuids used so far (a reused one is refused, as torch asks).
   mutable std::unique_ptr<rr::Endpoint> endpoint_;

@@ -92,7 +92,8 @@ if case == "surface":
         say(f"ERROR_AFTER {b.get_error()} hooked={len(hooked)}")
 
 elif case == "shrink":
-    flag = dist.SHRINK_ABORT if sys.argv[2] == "abort" else dist.SHRINK_DEFAULT
+    c10d = dist.distributed_c10d  # torch 2.14 does not export the flags from torch.distributed
+    flag = c10d.SHRINK_ABORT if sys.argv[2] == "abort" else c10d.SHRINK_DEFAULT
     victim = 2
     x = torch.ones(1 << 18)
     dist.all_reduce(x)
