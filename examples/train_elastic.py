@@ -13,14 +13,16 @@ SIGKILLs itself during the backward of step S, inside DDP's gradient allreduce. 
 
   1. get the error from that step (DDP's allreduce fails on every survivor within ~0.1 s);
   2. agree on who is gone (ringreduce.torch.agree: over ringreduce's own connections);
-  3. dist.shrink_group(gone, SHRINK_ABORT): the default group is now the survivors (torch 2.14);
+  3. shrink_group(gone, SHRINK_ABORT) (torch 2.14's dist.shrink_group, through
+     ringreduce.torch.shrink_group, which repairs what torch registers for DDP): the default
+     group is now the survivors;
   4. take rank 0's model, optimizer state and step (rank 0 may have finished step S, another may
      not have: everyone adopts one state), re-shard the global batch over the survivors, rebuild
      DDP, and go on;
   5. with --replace, rank 0 starts a replacement process, which joins by torch's reconfigure:
-     every member and the newcomer leave a handle (dist._get_reconfigure_handle) in the store and
-     call dist._reconfigure with all of them; it receives the model by broadcast and training goes
-     on at N again.
+     every member and the newcomer leave a handle (get_reconfigure_handle) in the store and call
+     reconfigure with all of them (torch's _reconfigure, on the backend); it receives the model
+     by broadcast and training goes on at N again.
 
 Synchronous data-parallel SGD: every rank takes its contiguous slice of each global batch, so the
 computation does not depend on the number of ranks (up to rounding), and a run that shrinks ends
@@ -152,6 +154,14 @@ class Trainer:
         self.step = state["step"]
 
 
+def side_store(addr, port):
+    """A client of torch's env:// store (rank 0's process hosts it), for what the job says to
+    itself: the kill's time, the reconfigure handles. Without libuv: Debian's torch has none,
+    and the classic server answers either client."""
+    return dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=60),
+                         use_libuv=False)
+
+
 def main():
     args = parse_args()
     torch.set_num_threads(1)
@@ -161,17 +171,25 @@ def main():
     addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     if args.join is not None:
         # A replacement: no members until the reconfigure names them.
-        store = dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=60))
+        store = side_store(addr, port)
         gen = args.join
         world = int(store.get(f"elastic/{gen}/world").decode())
         dist.init_process_group("ringreduce", store=dist.PrefixStore("replacement", store),
                                 rank=world - 1, world_size=world, enable_reconfigure=True,
                                 timeout=timedelta(seconds=60))
+    elif os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # Under torchrun: its agent's store, as env:// would reach it, but without libuv (torch
+        # 2.14's env:// asks the agent's store for libuv whatever USE_LIBUV says, and Debian's
+        # torch has none); a namespace per attempt, since the store outlives a restart.
+        store = side_store(addr, port)
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        dist.init_process_group("ringreduce", store=dist.PrefixStore(f"attempt{attempt}", store),
+                                rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]),
+                                timeout=timedelta(seconds=60))
     else:
         dist.init_process_group("ringreduce", timeout=timedelta(seconds=60))
-        # A client of torch's env:// store (rank 0's process hosts it) for what the job says to
-        # itself: the kill's time, the reconfigure handles.
-        store = dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=60))
+        store = side_store(addr, port)
     trainer = Trainer(args, store)
     torchrun_attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if args.checkpoint and torchrun_attempt > 0 and os.path.exists(args.checkpoint):
@@ -181,10 +199,9 @@ def main():
         """The members (`members` of them) and the newcomer reconfigure into one communicator:
         each leaves its handle in the store, and all pass the same list, the newcomer last."""
         key = f"elastic/{gen}/handle/{members if newcomer else dist.get_rank()}"
-        store.set(key, dist._get_reconfigure_handle())
+        store.set(key, rt.get_reconfigure_handle())
         handles = [store.get(f"elastic/{gen}/handle/{i}").decode() for i in range(members + 1)]
-        dist._reconfigure(uuid=1000 + int(gen), handles=handles,
-                          timeout=timedelta(seconds=60)).wait()
+        rt.reconfigure(1000 + int(gen), handles, timeout=timedelta(seconds=60)).wait()
 
     if args.join is not None:
         rejoin(args.join, world - 1, newcomer=True)
@@ -212,7 +229,8 @@ def main():
             _, gone = rt.agree()
             print(f"[rank {dist.get_rank()}] step {trainer.step}: {type(e).__name__}; gone: {gone}",
                   flush=True)
-            dist.shrink_group(gone, shrink_flags=dist.distributed_c10d.SHRINK_ABORT)
+            # dist.shrink_group, and the repair DDP needs (ringreduce.torch.shrink_group says why).
+            rt.shrink_group(gone, shrink_flags=dist.distributed_c10d.SHRINK_ABORT)
             trainer.sync_state()
             killed_at = float(store.get("elastic/killed_at").decode())
             generation += 1

@@ -11,7 +11,8 @@
 //           between  the victims die between two calls (their main thread, after a call)
 //           p2p      the loop is a ring of sends and receives; the victims die inside it
 //           shrink   the first victim dies inside an allreduce, the others while the survivors
-//                    are shrinking (a moment later: inside the agreement or making the links)
+//                    are shrinking (a few ms after they see the first death: inside the
+//                    agreement or while the links are made)
 //           restart  the restart-everything baseline under torchrun --max-restarts (the
 //                    bench's, bench/elastic_recovery.sh): in the first attempt the victims die
 //                    inside an allreduce and the others fail and exit; torchrun starts them all
@@ -146,12 +147,21 @@ int main(int argc, char** argv) {
     fault_at = at;
     const bool victim = std::count(victims.begin(), victims.end(), rank) > 0;
     const bool first_victim = victim && rank == victims.front();
-    if (victim && when != "between") {
-      // In "shrink", the later victims die 0.15-0.25 s after the first: while the survivors,
-      // who see the first death after ~0.1 s, agree and make their links.
-      const double delay = when == "shrink" && !first_victim ? 0.15 + 0.02 * rank : 0.0;
-      std::thread([at, delay] {
-        sleep_until_wall(at + delay);
+    if (victim && when == "shrink" && !first_victim) {
+      // The later victims die while the survivors shrink: a few milliseconds after they see the
+      // first death themselves (their communicator's abort hook), when the others are agreeing
+      // or making their links. (A fixed delay after the first death missed the shrink once it
+      // took 20 ms.)
+      comm.on_abort([rank](std::exception_ptr) {
+        std::thread([rank] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(2 + 3 * (rank % 4)));
+          raise(SIGKILL);
+        }).detach();
+      });
+    }
+    if (victim && when != "between" && (when != "shrink" || first_victim)) {
+      std::thread([at] {
+        sleep_until_wall(at);
         raise(SIGKILL);
       }).detach();
     }

@@ -1,6 +1,7 @@
 """torch 2.14's fault-tolerance contract on the backend (workers/torch_fault.py, under ringrun
 --elastic): the supports_* answers, shrink_group after a SIGKILL with both flags, reconfigure
-from handles before and after a SIGKILL, split_group, get_error, set_timeout, abort hooks.
+from handles before and after a SIGKILL, split_group, get_error, set_timeout, abort hooks; and
+examples/train_elastic.py killed, shrunk and given a replacement, against its undisturbed run.
 Skipped where torch has no such contract (1.13, 2.6: docs/PYTHON.md says what each has)."""
 
 import pytest
@@ -74,3 +75,40 @@ def test_reconfigure_from_handles_before_and_after_a_sigkill():
         assert f"size=3 rank={r} sum=6.0" in again, again
         assert float(again.split("after=")[1].split()[0]) < 3.0, again
         assert "was used before" in facts(lines, r, "REUSED"), lines[r]
+
+
+def run_elastic_example(*args, elastic=True):
+    """examples/train_elastic.py under ringrun (--elastic), 4 ranks; its final lines by rank."""
+    import subprocess
+    import sys
+
+    from conftest import REPO, RINGRUN, rank_env
+
+    cmd = [str(RINGRUN), "-n", "4", "--timeout", "240", *(["--elastic"] if elastic else []),
+           sys.executable, str(REPO / "examples" / "train_elastic.py"), *args]
+    p = subprocess.run(cmd, env=rank_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=300, cwd=REPO)
+    assert p.returncode == 0, f"{' '.join(cmd)} exited {p.returncode}:\n{p.stdout[-5000:]}"
+    finals = [dict(kv.split("=", 1) for kv in l.split("final: ", 1)[1].split())
+              for l in p.stdout.splitlines() if "final: " in l]
+    return finals, p.stdout
+
+
+def test_elastic_example_shrinks_and_takes_a_replacement_within_the_undisturbed_accuracy():
+    fault_tolerant_torch()
+    pytest.importorskip("sklearn")
+    plain, _ = run_elastic_example(elastic=False)
+    shrunk, out_s = run_elastic_example("--kill-step", "40")
+    replaced, out_r = run_elastic_example("--kill-step", "40", "--replace")
+    base = float(plain[0]["test_accuracy"])
+    assert len(plain) == 4 and {f["world"] for f in plain} == {"4"}
+    # Shrunk: three ranks finish, at N - 1, with one model, within 0.02 of the undisturbed run.
+    assert len(shrunk) == 3 and {f["world"] for f in shrunk} == {"3"}, out_s[-3000:]
+    assert len({f["param_sum"] for f in shrunk}) == 1, shrunk
+    assert abs(float(shrunk[0]["test_accuracy"]) - base) <= 0.02, (shrunk, base)
+    assert "recovered: " in out_s and "shrunk after=" in out_s, out_s[-3000:]
+    # Replaced: back at N, the newcomer included, every rank with the same model.
+    assert len(replaced) == 4 and {f["world"] for f in replaced} == {"4"}, out_r[-3000:]
+    assert len({f["param_sum"] for f in replaced}) == 1, replaced
+    assert abs(float(replaced[0]["test_accuracy"]) - base) <= 0.02, (replaced, base)
+    assert "joined: rank 3 of 4" in out_r, out_r[-3000:]

@@ -33,29 +33,15 @@ PERF = BUILD / "tools" / "ringreduce-perf"
 TIMEOUT = 90  # per launch, all torchruns together
 
 
-# Debian's torch 2.6 is built without libuv (scripts/torch2 sets USE_LIBUV=0 for it), but
-# torchrun's static and c10d rendezvous create their TCPStore with the default use_libuv=True
-# whatever USE_LIBUV says, and fail ("use_libuv was requested but PyTorch was build without libuv
-# support") before starting any rank. There, torchrun's own main() runs with that default turned
-# off; its arguments are the same. Torch from pip has libuv and runs the plain torchrun.
-NO_LIBUV_TORCHRUN = """
-import sys
-import torch.distributed as d
-class TCPStore(d.TCPStore):
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("use_libuv", False)
-        super().__init__(*args, **kwargs)
-d.TCPStore = TCPStore
-from torch.distributed.run import main
-sys.argv[0] = "torchrun"
-sys.exit(main())
-"""
+# Debian's torch (2.6, 2.14) is built without libuv (scripts/torch2 sets USE_LIBUV=0 for it), and
+# torchrun's rendezvous then needs scripts/torchrun-nolibuv, which says why.
+NO_LIBUV_TORCHRUN = REPO / "scripts" / "torchrun-nolibuv"
 
 
 def torchrun():
     """The torchrun of the interpreter that runs the tests (the one whose torch is tested)."""
     if int(torch.__version__.split(".")[0]) >= 2 and os.environ.get("USE_LIBUV") == "0":
-        return [sys.executable, "-c", NO_LIBUV_TORCHRUN]
+        return [sys.executable, str(NO_LIBUV_TORCHRUN)]
     exe = Path(sys.executable).with_name("torchrun")
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "torch.distributed.run"]
 

@@ -60,3 +60,44 @@ def agree(group=None, flag=True):
     pg = group if group is not None else _dist.group.WORLD
     backend = pg._get_backend(torch.device("cpu")) if _torch_backend.TORCH_MAJOR >= 2 else pg
     return _torch_backend.agree(backend, flag)
+
+
+def _backend(group):
+    pg = group if group is not None else _dist.group.WORLD
+    return pg._get_backend(torch.device("cpu"))
+
+
+def shrink_group(ranks_to_exclude, group=None, shrink_flags=0, pg_options=None):
+    """torch.distributed.shrink_group (torch 2.14) with a repair of torch's: it registers the
+    shrunk group's CPU backend as gloo's (ProcessGroup.BackendType.GLOO), and DDP then takes the
+    ringreduce backend for a ProcessGroupGloo (its logger crashes the process). Registered again
+    as what it is (CUSTOM), DDP works. The group then holds the backend under two types, and
+    torch's ProcessGroup-level reconfigure refuses such a group: use get_reconfigure_handle and
+    reconfigure below, which call the backend. Returns the new group (the new default group when
+    `group` was the default one)."""
+    new = _dist.shrink_group(ranks_to_exclude, group=group, shrink_flags=shrink_flags,
+                             pg_options=pg_options)
+    cpu = torch.device("cpu")
+    backend = new._get_backend(cpu)
+    if new.name() == "gloo" and backend.name() == BACKEND:
+        new._register_backend(cpu, _dist.ProcessGroup.BackendType.CUSTOM, backend)
+        new._set_default_backend(_dist.ProcessGroup.BackendType.CUSTOM)
+    return new
+
+
+def get_reconfigure_handle(group=None):
+    """This rank's reconfigure handle (torch.distributed._get_reconfigure_handle), from the
+    ringreduce backend itself: it also works on a group shrink_group above has repaired."""
+    return _backend(group).get_reconfigure_handle()
+
+
+def reconfigure(uuid, handles, group=None, timeout=None):
+    """torch.distributed._reconfigure, on the ringreduce backend itself (see shrink_group): the
+    members of `handles` (one per rank, in rank order) make a communicator; `uuid` fresh each
+    time. Returns a completed Work."""
+    opts = _dist.distributed_c10d.ReconfigureOptions()
+    opts.uuid = uuid
+    opts.handles = list(handles)
+    if timeout is not None:
+        opts.timeout = timeout
+    return _backend(group).reconfigure(opts)
