@@ -100,6 +100,12 @@ RINGREDUCE_API rr_result_t rr_comm_agree(rr_comm_t* comm, int* flag, int* failed
                                          size_t* n_failed);
 RINGREDUCE_API rr_result_t rr_comm_shrink(rr_comm_t* comm, const int* exclude, size_t n_exclude,
                                           int flags, rr_comm_t** out);
+/* Communicator::grow and ::join: collective over comm, *out a communicator of its ranks and
+ * `newcomers` new processes, each of which calls rr_comm_join(name, &out) (the job's store from
+ * the environment, as rr_comm_init_from_env finds it; its error in rr_last_error(NULL)). */
+RINGREDUCE_API rr_result_t rr_comm_grow(rr_comm_t* comm, const char* name, int newcomers,
+                                        rr_comm_t** out);
+RINGREDUCE_API rr_result_t rr_comm_join(const char* name, rr_comm_t** out);
 /* Collective: `bytes` of memory registered with this host's ranks (Communicator::alloc: large
  * allreduces on it read and write the peers' buffers in place); *ptr is NULL on an error. Valid
  * until rr_mem_free or the communicator's destruction. */

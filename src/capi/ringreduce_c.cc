@@ -247,6 +247,29 @@ rr_result_t rr_comm_shrink(rr_comm_t* c, const int* exclude, size_t n_exclude, i
   });
 }
 
+rr_result_t rr_comm_grow(rr_comm_t* c, const char* name, int newcomers, rr_comm_t** out) {
+  RR_CHECK_COMM(c);
+  if (out == nullptr || name == nullptr) return RR_ERR_INVALID_ARGUMENT;
+  *out = nullptr;
+  return RR_ON(c, {
+    auto w = std::make_unique<rr_comm>();
+    w->comm = std::make_unique<ringreduce::Communicator>(c->comm->grow(name, newcomers));
+    make_live(w.get());
+    *out = w.release();
+  });
+}
+
+rr_result_t rr_comm_join(const char* name, rr_comm_t** out) {
+  if (out == nullptr || name == nullptr) return RR_ERR_INVALID_ARGUMENT;
+  *out = nullptr;
+  return guarded(&t_init_error, nullptr, [&] {
+    auto w = std::make_unique<rr_comm>();
+    w->comm = std::make_unique<ringreduce::Communicator>(ringreduce::Communicator::join(name));
+    make_live(w.get());
+    *out = w.release();
+  });
+}
+
 rr_result_t rr_mem_alloc(rr_comm_t* c, size_t bytes, void** ptr) {
   RR_CHECK_COMM(c);
   if (ptr == nullptr) return RR_ERR_INVALID_ARGUMENT;

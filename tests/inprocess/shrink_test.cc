@@ -308,6 +308,7 @@ TEST(ShrinkCApi, AgreeShrinkErrorAndTimeoutThroughTheCAbi) {
   ringreduce::rendezvous::TcpStoreServer server("127.0.0.1", 0);
   setenv("RINGREDUCE_STORE_SERVER", "0", 1);
   const std::string addr = "127.0.0.1:" + std::to_string(server.port());
+  setenv("RINGREDUCE_ADDR", addr.c_str(), 1);  // for the newcomer's rr_comm_join
   std::vector<std::thread> threads;
   for (int r = 0; r < 3; ++r) {
     threads.emplace_back([&, r] {
@@ -347,11 +348,29 @@ TEST(ShrinkCApi, AgreeShrinkErrorAndTimeoutThroughTheCAbi) {
       float x = 1;
       EXPECT_EQ(rr_allreduce(small, &x, &x, 1, RR_F32, RR_SUM), RR_OK) << rr_last_error(small);
       EXPECT_EQ(x, 2.0f);
+      // A replacement joins (the thread below): three again.
+      rr_comm_t* grown = nullptr;
+      ASSERT_EQ(rr_comm_grow(small, "c-replace", 1, &grown), RR_OK) << rr_last_error(small);
       rr_comm_destroy(small);
+      x = 1;
+      EXPECT_EQ(rr_allreduce(grown, &x, &x, 1, RR_F32, RR_SUM), RR_OK) << rr_last_error(grown);
+      EXPECT_EQ(x, 3.0f);
+      rr_comm_destroy(grown);
     });
   }
+  threads.emplace_back([&] {
+    // The newcomer finds the job's store through the environment, as a launched process would.
+    rr_comm_t* joined = nullptr;
+    ASSERT_EQ(rr_comm_join("c-replace", &joined), RR_OK) << rr_last_error(nullptr);
+    EXPECT_EQ(rr_comm_rank(joined), 2);
+    float x = 1;
+    EXPECT_EQ(rr_allreduce(joined, &x, &x, 1, RR_F32, RR_SUM), RR_OK) << rr_last_error(joined);
+    EXPECT_EQ(x, 3.0f);
+    rr_comm_destroy(joined);
+  });
   for (auto& t : threads) t.join();
   unsetenv("RINGREDUCE_STORE_SERVER");
+  unsetenv("RINGREDUCE_ADDR");
 }
 
 }  // namespace
