@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ringreduce.torch  # noqa: F401  registers the backend
+from gloo_probe import gloo_takes_half
 
 RTOL, ATOL = 1e-4, 1e-5
 TORCH2 = int(torch.__version__.split(".")[0]) >= 2
@@ -47,6 +48,7 @@ dist.init_process_group("ringreduce", timeout=timedelta(seconds=30))  # a hang f
 R, N = dist.get_rank(), dist.get_world_size()
 GLOO = dist.new_group(backend="gloo", timeout=timedelta(seconds=30))
 assert dist.get_backend() == "ringreduce" and dist.get_backend(GLOO) == "gloo"
+GLOO_HALF = gloo_takes_half(GLOO)
 failures, checks = [], 0
 
 
@@ -457,8 +459,15 @@ def main(names):
         try:
             ours = run(None)
             dist.barrier()
-            theirs = run(GLOO)
-            dist.barrier(group=GLOO)
+            if name == "fp16_hook" and not GLOO_HALF:
+                # This gloo takes no float16: ringreduce's run is checked against the single-
+                # process reference (inside the program) and across ranks only.
+                print(f"NOTE {name}: gloo here takes no float16; not compared with gloo",
+                      flush=True)
+                theirs = ours
+            else:
+                theirs = run(GLOO)
+                dist.barrier(group=GLOO)
         except Exception as e:  # noqa: BLE001  reported, then this rank stops the job
             fail(name, f"raised {type(e).__name__}: {e}\n" + traceback.format_exc())
             sys.stdout.flush()

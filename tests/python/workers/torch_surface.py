@@ -14,11 +14,13 @@ import torch
 import torch.distributed as dist
 
 import ringreduce.torch  # noqa: F401  registers the backend
+from gloo_probe import gloo_takes_half
 
 dist.init_process_group("ringreduce")
 R, N = dist.get_rank(), dist.get_world_size()
 GLOO = dist.new_group(backend="gloo")
 TORCH2 = int(torch.__version__.split(".")[0]) >= 2
+GLOO_HALF = gloo_takes_half(GLOO)
 failures, checks = [], 0
 
 
@@ -102,6 +104,8 @@ def redop(op, factor=0.5):
 def gloo_reduces(dtype, op, call="all_reduce"):
     if op in ("AVG", "PREMUL_SUM") or dtype == torch.int16:
         return False
+    if dtype in (torch.float16, torch.bfloat16) and not GLOO_HALF:
+        return False
     if dtype in (torch.bfloat16, torch.bool) and not TORCH2:
         return False
     if dtype.is_complex:
@@ -164,7 +168,9 @@ for dtype in DTYPES:
 
 # ---- data movement: every dtype -----------------------------------------------------------------
 for dtype in DTYPES:
-    moves_on_gloo = dtype not in (torch.int16,) and (TORCH2 or dtype not in (torch.bfloat16, torch.bool))
+    moves_on_gloo = (dtype not in (torch.int16,) and
+                     (TORCH2 or dtype not in (torch.bfloat16, torch.bool)) and
+                     (GLOO_HALF or dtype not in (torch.float16, torch.bfloat16)))
 
     def bc(g, dtype=dtype):
         t = vals(R, 9, dtype)
