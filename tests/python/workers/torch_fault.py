@@ -39,6 +39,25 @@ def kill_at(t):
     threading.Timer(max(0.0, t - time.time()), lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
 
 
+def die_inside_all_reduces(victim):
+    """Every rank loops over all_reduce; `victim` SIGKILLs itself 0.3 s in (a moment rank 0's
+    clock sets), and the others print how their call failed. Returns that moment."""
+    at = torch.tensor([time.time() + 0.3], dtype=torch.float64)
+    dist.broadcast(at, src=0)
+    at = float(at[0])
+    if R == victim:
+        kill_at(at)
+    x = torch.ones(1 << 18)
+    try:
+        for _ in range(100000):
+            dist.all_reduce(x)
+            if time.time() > at + 30:
+                break
+    except Exception as e:  # noqa: BLE001  the call a dead rank fails
+        say(f"FAILED after={time.time() - at:.3f} {type(e).__name__}: {e}")
+    return at
+
+
 def exact(members):
     """all_reduce whose sum says who took part: each adds its first rank + 1."""
     x = torch.full((1 << 16,), float(members[dist.get_rank()] + 1))
@@ -95,20 +114,8 @@ elif case == "shrink":
     c10d = dist.distributed_c10d  # torch 2.14 does not export the flags from torch.distributed
     flag = c10d.SHRINK_ABORT if sys.argv[2] == "abort" else c10d.SHRINK_DEFAULT
     victim = 2
-    x = torch.ones(1 << 18)
-    dist.all_reduce(x)
-    at = torch.tensor([time.time() + 0.3], dtype=torch.float64)
-    dist.broadcast(at, src=0)
-    at = float(at[0])
-    if R == victim:
-        kill_at(at)
-    try:
-        for _ in range(100000):
-            dist.all_reduce(x)
-            if time.time() > at + 30:
-                break
-    except Exception as e:  # noqa: BLE001
-        say(f"FAILED after={time.time() - at:.3f} {type(e).__name__}: {e}")
+    dist.all_reduce(torch.ones(1 << 18))
+    at = die_inside_all_reduces(victim)
     say(f"GET_ERROR {backend_of().get_error()}")
     new = dist.shrink_group([victim], shrink_flags=flag)
     say(f"SHRUNK after={time.time() - at:.3f} size={dist.get_world_size()} rank={dist.get_rank()} "
@@ -134,19 +141,7 @@ elif case == "reconfigure":
     dist._reconfigure(uuid=1, handles=handles).wait()
     say(f"CONFIGURED size={dist.get_world_size()} rank={dist.get_rank()} sum={exact(list(range(N)))}")
     victim = 3
-    at = torch.tensor([time.time() + 0.3], dtype=torch.float64)
-    dist.broadcast(at, src=0)
-    at = float(at[0])
-    if R == victim:
-        kill_at(at)
-    x = torch.ones(1 << 18)
-    try:
-        for _ in range(100000):
-            dist.all_reduce(x)
-            if time.time() > at + 30:
-                break
-    except Exception as e:  # noqa: BLE001
-        say(f"FAILED after={time.time() - at:.3f} {type(e).__name__}")
+    at = die_inside_all_reduces(victim)
     say(f"GET_ERROR {b.get_error()}")
     survivors = [r for r in range(N) if r != victim]
     handles = swap(2, survivors)
