@@ -74,12 +74,14 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 using ringrun::Args;
+using ringrun::ensure_standard_fds;
 using ringrun::exec_child;
 using ringrun::ExecPlan;
 using ringrun::g_err;
 using ringrun::g_out;
 using ringrun::inherited_environment;
 using ringrun::make_pipe;
+using ringrun::prepare_launcher;
 using ringrun::Pump;
 using ringrun::pump;
 using ringrun::rank_list;
@@ -524,19 +526,6 @@ class Launcher {
   bool gave_up_ = false;
 };
 
-// A missing stdin/stdout/stderr would let a pipe land on fd 0..2 and be clobbered by dup2.
-void ensure_standard_fds() {
-  for (int fd = 0; fd <= 2; ++fd) {
-    if (::fcntl(fd, F_GETFD) < 0 && errno == EBADF) {
-      int n = ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
-      if (n >= 0 && n != fd) {
-        ::dup2(n, fd);
-        ::close(n);
-      }
-    }
-  }
-}
-
 int run(int argc, char** argv) {
   ensure_standard_fds();
   int status = 0;
@@ -546,52 +535,11 @@ int run(int argc, char** argv) {
   if (!path) return status;
 
   ExecPlan plan{};
-  plan.parent = ::getpid();
-
-  // Block the signals ringrun handles before any thread exists (the store's thread inherits the
-  // mask), so that they are only ever delivered through the signalfd.
-  sigset_t handled;
-  sigemptyset(&handled);
-  sigaddset(&handled, SIGINT);
-  sigaddset(&handled, SIGTERM);
-  sigaddset(&handled, SIGCHLD);
-  ::pthread_sigmask(SIG_BLOCK, &handled, &plan.mask);
-  ringreduce::core::Fd signal_fd(::signalfd(-1, &handled, SFD_NONBLOCK | SFD_CLOEXEC));
-  if (!signal_fd.valid()) {
-    say(std::string("signalfd: ") + std::strerror(errno));
+  ringreduce::core::Fd signal_fd;
+  if (const std::string why = prepare_launcher(*args, &plan, &signal_fd); !why.empty()) {
+    say(why);
     return 1;
   }
-  // A consumer of our stdout going away must not kill the launcher (and orphan output handling);
-  // an inherited SIGCHLD=SIG_IGN would make the kernel reap the ranks before we see their status.
-  struct sigaction dfl {
-  }, ign{};
-  dfl.sa_handler = SIG_DFL;
-  ign.sa_handler = SIG_IGN;
-  ::sigaction(SIGPIPE, &ign, &plan.sigpipe);
-  ::sigaction(SIGCHLD, &dfl, &plan.sigchld);
-
-  // Per local rank two pipe ends here, and per rank of the whole job one store connection where
-  // the store is, plus slack. Raise the soft limit if needed; the ranks get the original back.
-  ::getrlimit(RLIMIT_NOFILE, &plan.nofile);
-  const rlim_t needed =
-      static_cast<rlim_t>(2 * args->n + (args->hosts_store() ? args->world_size() : 0) + 64);
-  if (const rlim_t now = ringreduce::core::raise_open_files_limit(needed, needed); now < needed) {
-    say("-n " + std::to_string(args->n) +
-        (args->nnodes > 1 ? " --nnodes " + std::to_string(args->nnodes) : std::string()) +
-        " needs about " + std::to_string(needed) + " open files, but the limit is " +
-        std::to_string(now) + " (see ulimit -n)");
-    return 1;
-  }
-
-  // ringrun's threads serve every rank: the store's answers each rank's join, and the main one
-  // forwards output and watches exits. Where ranks crowd the cores they are two runnable threads
-  // among hundreds (bench/startup.sh -c 8 runs 1,024 ranks on two cores: the store's thread ran
-  // 0.1 s in each 10 s and every join waited on it). Where allowed (root, CAP_SYS_NICE) ringrun
-  // runs at nice -10, before the store's thread starts (it inherits it); the ranks get the
-  // original back before their exec.
-  errno = 0;
-  plan.nice = ::getpriority(PRIO_PROCESS, 0);
-  if (errno == 0) ::setpriority(PRIO_PROCESS, 0, std::max(-20, plan.nice - 10));
 
   // Node 0 hosts the store: alone on loopback, port 0 (its real port goes to the ranks); over
   // several nodes on --master's address, the one the other nodes' ranks were told. The ranks

@@ -1,12 +1,15 @@
 #include "ringrun_exec.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/prctl.h>
+#include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -150,6 +153,63 @@ std::vector<int> usable_cores() {
   ssize_t ignored = ::write(p.error_fd, &err, sizeof(err));
   (void)ignored;
   ::_exit(127);
+}
+
+void ensure_standard_fds() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) < 0 && errno == EBADF) {
+      int n = ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+      if (n >= 0 && n != fd) {
+        ::dup2(n, fd);
+        ::close(n);
+      }
+    }
+  }
+}
+
+std::string prepare_launcher(const Args& args, ExecPlan* plan, ringreduce::core::Fd* signal_fd) {
+  plan->parent = ::getpid();
+
+  // Block the signals ringrun handles before any thread exists (the store's thread inherits the
+  // mask), so that they are only ever delivered through the signalfd.
+  sigset_t handled;
+  sigemptyset(&handled);
+  sigaddset(&handled, SIGINT);
+  sigaddset(&handled, SIGTERM);
+  sigaddset(&handled, SIGCHLD);
+  ::pthread_sigmask(SIG_BLOCK, &handled, &plan->mask);
+  signal_fd->reset(::signalfd(-1, &handled, SFD_NONBLOCK | SFD_CLOEXEC));
+  if (!signal_fd->valid()) return std::string("signalfd: ") + std::strerror(errno);
+  // A consumer of our stdout going away must not kill the launcher (and orphan output handling);
+  // an inherited SIGCHLD=SIG_IGN would make the kernel reap the ranks before we see their status.
+  struct sigaction dfl {
+  }, ign{};
+  dfl.sa_handler = SIG_DFL;
+  ign.sa_handler = SIG_IGN;
+  ::sigaction(SIGPIPE, &ign, &plan->sigpipe);
+  ::sigaction(SIGCHLD, &dfl, &plan->sigchld);
+
+  // Per local rank two pipe ends here, and per rank of the whole job one store connection where
+  // the store is, plus slack. Raise the soft limit if needed; the ranks get the original back.
+  ::getrlimit(RLIMIT_NOFILE, &plan->nofile);
+  const rlim_t needed =
+      static_cast<rlim_t>(2 * args.n + (args.hosts_store() ? args.world_size() : 0) + 64);
+  if (const rlim_t now = ringreduce::core::raise_open_files_limit(needed, needed); now < needed)
+    return "-n " + std::to_string(args.n) +
+           (args.nnodes > 1 ? " --nnodes " + std::to_string(args.nnodes) : std::string()) +
+           " needs about " + std::to_string(needed) + " open files, but the limit is " +
+           std::to_string(now) + " (see ulimit -n)";
+
+  // ringrun's threads serve every rank: the store's answers each rank's join, and the main one
+  // forwards output and watches exits. Where ranks crowd the cores they are two runnable threads
+  // among hundreds (bench/startup.sh -c 8 runs 1,024 ranks on two cores: the store's thread ran
+  // 0.1 s in each 10 s and every join waited on it). Where allowed (root, CAP_SYS_NICE) ringrun
+  // runs at nice -10, before the store's thread starts (it inherits it); the ranks get the
+  // original back before their exec.
+  errno = 0;
+  plan->nice = ::getpriority(PRIO_PROCESS, 0);
+  if (errno == 0) ::setpriority(PRIO_PROCESS, 0, std::max(-20, plan->nice - 10));
+  return "";
 }
 
 }  // namespace ringrun

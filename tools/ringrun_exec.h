@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/fd.h"
 #include "ringrun_args.h"
 
 namespace ringrun {
@@ -55,5 +56,15 @@ struct ExecPlan {
 // In the forked child: sets it up as the plan says and execs the program; never returns (exit
 // status 127 and errno on the plan's error pipe where anything failed).
 [[noreturn]] void exec_child(const ExecPlan& p, char* const* envp);
+
+// A missing stdin/stdout/stderr would let a pipe land on fd 0..2 and be clobbered by dup2: each
+// missing one is opened on /dev/null.
+void ensure_standard_fds();
+
+// What ringrun sets up for itself before any thread exists, keeping the originals in *plan for
+// the ranks: the signals it handles blocked and read from *signal_fd, SIGPIPE ignored and
+// SIGCHLD at its default, the open-file limit raised for its pipes and store connections, and
+// nice -10 where allowed. Returns "" or why it cannot go on.
+std::string prepare_launcher(const Args& args, ExecPlan* plan, ringreduce::core::Fd* signal_fd);
 
 }  // namespace ringrun
