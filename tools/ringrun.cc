@@ -1,7 +1,7 @@
 // ringrun: the launcher, for one host or for one host's share of a job over several.
 //
 //   ringrun -n N [--nnodes K --node-rank I --master HOST:PORT] [--timeout SECONDS]
-//           [--bind core|none] [--store-stats] [--] program [args...]
+//           [--bind core|none] [--elastic] [--store-stats] [--] program [args...]
 //
 // Starts N processes of program on this host, each told its place by RINGREDUCE_RANK,
 // RINGREDUCE_WORLD_SIZE, RINGREDUCE_LOCAL_RANK, RINGREDUCE_LOCAL_SIZE and RINGREDUCE_ADDR (and
@@ -19,7 +19,9 @@
 //    ringrun.
 // The options and the usage text are in ringrun_args.{h,cc}; the ranks' output (the lines with
 // their prefix) in ringrun_output.{h,cc}; what a rank's process gets (the program found, its
-// environment and core, the child's set-up before exec) in ringrun_exec.{h,cc}.
+// environment and core, the child's set-up before exec) and what ringrun sets up for itself
+// first (signals, limits) in ringrun_exec.{h,cc}. With --elastic a rank's failure does not end
+// the job: it is named when it happens and again at the end.
 //
 // Invariants the rest of this file keeps:
 //  * Every rank's stdout and stderr come back through a pipe and leave ringrun one whole line at

@@ -1,6 +1,7 @@
 // What ringrun prepares for a rank's process and does in it between fork and exec: the
-// program found on PATH, the environment, the cores, the child's set-up. Apart from ringrun.cc,
-// which launches and watches the ranks.
+// program found on PATH, the environment, the cores, the child's set-up; and what it sets up for
+// itself before that (signals, limits). Apart from ringrun.cc, which launches and watches the
+// ranks.
 #pragma once
 
 #include <sched.h>
