@@ -78,13 +78,13 @@ class Reader {
   size_t off_ = 0;
 };
 
+}  // namespace
+
 std::string rank_list(const std::vector<int>& ranks) {
   std::string s;
   for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
   return s;
 }
-
-}  // namespace
 
 bool AgreeDecision::flag() const {
   return std::all_of(survivors.begin(), survivors.end(),

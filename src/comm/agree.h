@@ -43,6 +43,9 @@
 
 namespace ringreduce::detail {
 
+// "0, 1, 3": ranks for messages.
+std::string rank_list(const std::vector<int>& ranks);
+
 // What a rank brings.
 struct AgreeEntry {
   int rank = -1;

@@ -27,15 +27,9 @@
 namespace ringreduce::detail {
 namespace {
 
-uint64_t mix(uint64_t h, uint64_t v) {
+uint64_t mix_u64(uint64_t h, uint64_t v) {
   for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * 0x100000001b3ull;
   return h;
-}
-
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string s;
-  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
-  return s;
 }
 
 // What a shrink's entry carries (AgreeEntry::extra): the new listeners' addresses, then the
@@ -187,7 +181,7 @@ std::unique_ptr<CommImpl> CommImpl::shrink_attempt(const std::vector<bool>& excl
   if (control_) {
     AgreeEntry mine;
     mine.completed = completed_.load();
-    mine.digest = mix(0xcbf29ce484222325ull, std::hash<std::string>{}(exclude_text));
+    mine.digest = mix_u64(0xcbf29ce484222325ull, std::hash<std::string>{}(exclude_text));
     mine.extra = shrink_extra(listeners.published(), exclude_text);
     std::vector<bool> candidates(excluded.size());
     for (size_t q = 0; q < excluded.size(); ++q) candidates[q] = !excluded[q];
@@ -220,8 +214,8 @@ std::unique_ptr<CommImpl> CommImpl::shrink_attempt(const std::vector<bool>& excl
            "the last collective completed is #", lo, " on some and #", hi,
            " on others (Communicator::agree tells a program which, to redo or roll back alike)");
   Membership sf;
-  uint64_t id = mix(mix(0xcbf29ce484222325ull, comm_id_), epoch);
-  for (int q : members) id = mix(id, static_cast<uint64_t>(q));
+  uint64_t id = mix_u64(mix_u64(0xcbf29ce484222325ull, comm_id_), epoch);
+  for (int q : members) id = mix_u64(id, static_cast<uint64_t>(q));
   sf.comm_id = id;
   for (const auto& e : d.survivors) {
     sf.hosts.push_back(hosts_.at(static_cast<size_t>(e.rank)));
