@@ -45,6 +45,23 @@ RINGREDUCE_API bool op_applies(ReduceOp op, DataType t);
 RINGREDUCE_API bool parse_dtype(const std::string& name, DataType* out);
 RINGREDUCE_API bool parse_op(const std::string& name, ReduceOp* out);
 
+// What a float allreduce, reduce_scatter or allgather puts on the wire (CallOptions::wire,
+// RINGREDUCE_WIRE; docs/WIRE.md). none: the data as it is. The others round each rank's float32
+// input once to a narrow format, send it straight to the rank that owns its block, which sums in
+// float32, and round that result once for the allgather: whatever the number of ranks, an
+// element's error is at most one rounding of each input plus one of the result. bf16: 8-bit
+// exponent, 7-bit mantissa (half the bytes). f16: 5-bit exponent and 10-bit mantissa, with a
+// power-of-two scale per block of 256 elements so that nothing overflows (half the bytes, 8x
+// finer than bf16). fp8e4m3 / fp8e5m2: 8 bits, scaled per block the same way (a quarter of the
+// bytes). automatic: bf16 where the tuner predicts it is faster than float32, else none.
+// Values are part of the C ABI.
+enum class Wire : uint8_t { none, bf16, f16, fp8e4m3, fp8e5m2, automatic };
+inline constexpr int kNumWires = 6;
+RINGREDUCE_API const char* wire_name(
+    Wire w);  // "none", "bf16", "f16", "fp8e4m3", "fp8e5m2", "auto"
+// Accepts those names (and "off", "f32", "fp8" for fp8e4m3); false if unknown.
+RINGREDUCE_API bool parse_wire(const std::string& name, Wire* out);
+
 template <typename T>
 struct DataTypeOf;
 #define RINGREDUCE_DTYPE_OF(T, D)                  \

@@ -136,4 +136,41 @@ bool parse_op(const std::string& n, ReduceOp* out) {
   return false;
 }
 
+const char* wire_name(Wire w) {
+  switch (w) {
+    case Wire::none:
+      return "none";
+    case Wire::bf16:
+      return "bf16";
+    case Wire::f16:
+      return "f16";
+    case Wire::fp8e4m3:
+      return "fp8e4m3";
+    case Wire::fp8e5m2:
+      return "fp8e5m2";
+    case Wire::automatic:
+      return "auto";
+  }
+  return "?";
+}
+
+bool parse_wire(const std::string& n, Wire* out) {
+  for (int i = 0; i < kNumWires; ++i) {
+    const auto w = static_cast<Wire>(i);
+    if (n == wire_name(w)) {
+      *out = w;
+      return true;
+    }
+  }
+  if (n == "off" || n == "f32" || n == "float") {
+    *out = Wire::none;
+    return true;
+  }
+  if (n == "fp8") {
+    *out = Wire::fp8e4m3;
+    return true;
+  }
+  return false;
+}
+
 }  // namespace ringreduce

@@ -25,6 +25,12 @@ using CopyFn = void (*)(void* dst, const void* src, size_t bytes);
 // dst[i] = src[i] * factor (dst == src or no overlap).
 using ScaleFn = void (*)(void* dst, const void* src, size_t count, double factor);
 
+// The narrow wire formats (wire.h): code `count` floats, decode them (into dst, or added to
+// local when it is not null; dst may be local), or round them as a code and decode would.
+using WireEncodeFn = void (*)(void* dst, const float* src, size_t count);
+using WireDecodeFn = void (*)(float* dst, const float* local, const void* src, size_t count);
+using WireRoundFn = void (*)(float* dst, const float* src, size_t count);
+
 struct KernelTable {
   const char* name;  // "generic", "avx2", "avx512"
   // Null where the op does not apply to the type (ringreduce::op_applies).
@@ -33,6 +39,10 @@ struct KernelTable {
   ScaleFn scale[kNumDataTypes];    // floating point only
   StreamFn combine_stream[kNumDataTypes][kNumReduceOps];
   CopyFn copy_stream;
+  // By Wire value; null for none and automatic.
+  WireEncodeFn wire_encode[kNumWires];
+  WireDecodeFn wire_decode[kNumWires];
+  WireRoundFn wire_round[kNumWires];
 };
 
 // Each table lives in its own translation unit, compiled with that ISA's flags. They are
