@@ -184,6 +184,22 @@ inline size_t count_wrong_reduced(const void* p, size_t count, int size, DataTyp
   return wrong;
 }
 
+// The same for a result coded on the wire (CallOptions::wire): within `roundoff` x (the sum of
+// the inputs' magnitudes + the result's) of the exact value (one rounding of each input and one
+// of the result; the inputs here, small integers, code exactly), plus float32's own rounding.
+inline size_t count_wrong_reduced(const void* p, size_t count, int size, DataType t, ReduceOp op,
+                                  size_t first, double roundoff) {
+  size_t wrong = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const double want = expected_value(size, first + i, t, op);
+    double mag = 0;
+    for (int r = 0; r < size; ++r) mag += std::fabs(input_value(r, first + i, t, op));
+    const double tol = roundoff * (mag + std::fabs(want)) + 0x1p-22 * (mag + 1);
+    if (!(std::fabs(load_value(t, p, i) - want) <= tol)) ++wrong;
+  }
+  return wrong;
+}
+
 // Elements of p[0, count) that differ from rank's input (global elements first..).
 inline size_t count_wrong_input(const void* p, size_t count, int rank, DataType t, ReduceOp op,
                                 size_t first = 0) {

@@ -29,6 +29,7 @@
 #include "exact_data.h"
 #include "perf_args.h"
 #include "reduce/cuda/reduce_cuda.h"
+#include "reduce/wire.h"
 #include "ringreduce/ringreduce.hpp"
 #include "tool_version.h"
 
@@ -157,6 +158,7 @@ struct Bench {
     CallOptions c;
     // Host buffers take the default (automatic) path, so rows time what a user's call pays.
     c.memory = args.device ? Memory::device : Memory::automatic;
+    if (args.wire_set) c.wire = args.wire;
     return c;
   }
   Work issue(bool in_place) {
@@ -241,6 +243,19 @@ struct Bench {
     return c;
   }
 
+  // Whether a call of this row may run coded (Tuner::wire_applies): float32, sum-like.
+  bool coded() const {
+    const bool summing =
+        op == ReduceOp::sum || op == ReduceOp::avg || op == ReduceOp::premul_sum;
+    return args.wire_set && args.wire != Wire::none && dtype == DataType::f32 &&
+           (args.coll == Coll::allgather ||
+            (summing && (args.coll == Coll::allreduce || args.coll == Coll::reduce_scatter)));
+  }
+  // The relative error a coded result may carry: one rounding of the widest format auto may
+  // pick (bf16) or of the format asked for.
+  double roundoff() const {
+    return reduce::wire_layout(args.wire == Wire::automatic ? Wire::bf16 : args.wire).roundoff;
+  }
   size_t wrong(bool in_place) {
     using namespace exact;
     send.download();
@@ -248,6 +263,8 @@ struct Bench {
     const char* out = host_of(in_place ? in_place_dst() : recv.data());
     switch (args.coll) {
       case Coll::allreduce:
+        // A coded allreduce rounds its result once (its inputs, small integers, code exactly).
+        if (coded()) return count_wrong_reduced(out, count, n(), dtype, op, 0, roundoff());
         return count_wrong_reduced(out, count, n(), dtype, op);
       case Coll::reduce:
         return r() == args.root ? count_wrong_reduced(out, count, n(), dtype, op) : 0;
@@ -495,6 +512,16 @@ int main(int argc, char** argv) {
         std::printf("#  Times: %s (-a %d)\n", whose[static_cast<int>(args.report)],
                     static_cast<int>(args.report));
       }
+      if (args.wire_set)
+        std::printf(
+            "#  Wire %s: float32 allreduce, reduce_scatter, allgather coded; an allreduce's "
+            "result is checked to be within %g x (sum of |inputs| + |result|) of the exact one\n",
+            wire_name(args.wire),
+            args.wire == Wire::none ? 0.0
+                                    : reduce::wire_layout(args.wire == Wire::automatic
+                                                              ? Wire::bf16
+                                                              : args.wire)
+                                          .roundoff);
       std::printf("#  Buffers in %s memory%s\n#\n",
                   args.device       ? "device"
                   : args.registered ? "registered host"

@@ -49,6 +49,10 @@ const char kUsage[] =
     "  --algorithm ALGO         force the algorithm (RINGREDUCE_ALGO=COLL:ALGO; default: the\n"
     "                           tuner's choice)\n"
     "  --time-per-size SECONDS  how long the adaptive iteration count aims for (default 0.2)\n"
+    "  --wire FORMAT            float32 allreduce, reduce_scatter, allgather with a narrow\n"
+    "                           wire format: none, bf16, f16, fp8e4m3, fp8e5m2, auto (default:\n"
+    "                           RINGREDUCE_WIRE's); the check then allows the format's error\n"
+    "                           bound, which the header states\n"
     "  --buffers host|device|registered\n"
     "                           where the buffers are (default host); device: CUDA device\n"
     "                           memory, every call stream-ordered on the default stream and\n"
@@ -92,7 +96,7 @@ constexpr long kMaxIters = 1000000000;
 constexpr long kMaxRoot = 65535;  // ringrun's largest job is 65536 ranks
 
 // The long options with no short form: values past any char.
-enum LongOnly { kAlgorithm = 256, kTimePerSize, kBuffers, kCalibrate, kVersion };
+enum LongOnly { kAlgorithm = 256, kTimePerSize, kBuffers, kCalibrate, kVersion, kWire };
 
 const option kLongOptions[] = {
     {"minbytes", required_argument, nullptr, 'b'},
@@ -116,6 +120,7 @@ const option kLongOptions[] = {
     {"time-per-size", required_argument, nullptr, kTimePerSize},
     {"buffers", required_argument, nullptr, kBuffers},
     {"calibrate", required_argument, nullptr, kCalibrate},
+    {"wire", required_argument, nullptr, kWire},
     {"version", no_argument, nullptr, kVersion},
     // nccl-tests options with nothing to do here: refused by name rather than as unknown.
     {"parallel_init", required_argument, nullptr, 'p'},
@@ -319,6 +324,11 @@ Parsed parse_args(int argc, const char* const* argv) {
       case kAlgorithm:
         if (v.empty()) return bad("an algorithm's name");
         a.algo = v;
+        break;
+      case kWire:
+        if (!ringreduce::parse_wire(v, &a.wire))
+          return bad("a wire format: none, bf16, f16, fp8e4m3, fp8e5m2 or auto");
+        a.wire_set = true;
         break;
       case kTimePerSize: {
         auto t = parse_number(v.c_str());

@@ -44,6 +44,9 @@ struct Args {
   bool device = false;          // --buffers device: buffers in CUDA device memory
   bool registered = false;      // --buffers registered: buffers from Communicator::alloc
   std::string calibrate_file;   // --calibrate FILE
+  // --wire: the calls' CallOptions::wire (unset: RINGREDUCE_WIRE's value).
+  bool wire_set = false;
+  ringreduce::Wire wire = ringreduce::Wire::none;
 
   // The size after `bytes`, or `bytes` itself when the sizes stop growing.
   size_t next_bytes(size_t bytes) const;

@@ -58,7 +58,7 @@ enum class Memory : uint8_t {
 // Per-call settings.
 struct CallOptions {
   // Overrides the communicator's timeout for this op.
-  std::optional<std::chrono::milliseconds> timeout;
+  std::optional<std::chrono::milliseconds> timeout = std::nullopt;
   // ReduceOp::premul_sum: this rank's input is multiplied by it before the sum (each rank may
   // pass its own, e.g. 1/N for an average that keeps f16's range).
   double premul_factor = 1.0;
@@ -76,6 +76,10 @@ struct CallOptions {
   // (a training step's later kernels are not held up by the communication: NCCL's internal
   // stream, DDP's overlap). The result is in recv once Work::wait_output() has returned.
   bool side_stream = false;
+  // A narrow wire format for a float32 allreduce, reduce_scatter or allgather (sum, avg or
+  // premul_sum): Wire in types.h, docs/WIRE.md. Unset: RINGREDUCE_WIRE (default none), which
+  // applies only to the calls it can; set explicitly on any other call, InvalidArgument.
+  std::optional<Wire> wire = std::nullopt;
 };
 
 // What Communicator::agree() returns: what the ranks still alive agreed on (ULFM's

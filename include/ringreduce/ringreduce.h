@@ -64,6 +64,18 @@ typedef enum {
   RR_PREMUL_SUM
 } rr_op_t;
 
+/* Narrow wire formats for float32 allreduce, reduce_scatter and allgather (docs/WIRE.md):
+ * RR_WIRE_DEFAULT is RINGREDUCE_WIRE's value, RR_WIRE_NONE the data as it is. */
+typedef enum {
+  RR_WIRE_NONE,
+  RR_WIRE_BF16,
+  RR_WIRE_F16,
+  RR_WIRE_FP8E4M3,
+  RR_WIRE_FP8E5M2,
+  RR_WIRE_AUTO,
+  RR_WIRE_DEFAULT = -1
+} rr_wire_t;
+
 /* Rank, size and rendezvous from the environment (RINGREDUCE_*, torchrun, OpenMPI, Slurm, PMI). */
 RINGREDUCE_API rr_result_t rr_comm_init_from_env(rr_comm_t** comm);
 /* Explicit: addr is the store's "host:port"; token may be NULL; timeout_s <= 0 keeps the default.
@@ -124,6 +136,16 @@ RINGREDUCE_API rr_result_t rr_reduce_scatter(rr_comm_t* comm, const void* send, 
                                              size_t recv_count, rr_dtype_t dtype, rr_op_t op);
 RINGREDUCE_API rr_result_t rr_allgather(rr_comm_t* comm, const void* send, void* recv,
                                         size_t send_count, rr_dtype_t dtype);
+/* The same three with a wire format (RR_INVALID_ARGUMENT where it cannot apply: not float32, or
+ * an op other than sum, avg, premul_sum). */
+RINGREDUCE_API rr_result_t rr_allreduce_wire(rr_comm_t* comm, const void* send, void* recv,
+                                             size_t count, rr_dtype_t dtype, rr_op_t op,
+                                             rr_wire_t wire);
+RINGREDUCE_API rr_result_t rr_reduce_scatter_wire(rr_comm_t* comm, const void* send, void* recv,
+                                                  size_t recv_count, rr_dtype_t dtype, rr_op_t op,
+                                                  rr_wire_t wire);
+RINGREDUCE_API rr_result_t rr_allgather_wire(rr_comm_t* comm, const void* send, void* recv,
+                                             size_t send_count, rr_dtype_t dtype, rr_wire_t wire);
 RINGREDUCE_API rr_result_t rr_broadcast(rr_comm_t* comm, void* buffer, size_t count,
                                         rr_dtype_t dtype, int root);
 RINGREDUCE_API rr_result_t rr_reduce(rr_comm_t* comm, const void* send, void* recv, size_t count,

@@ -148,6 +148,7 @@ class Communicator:
         dtype: Optional[str] = None,
         timeout: Optional[float] = None,
         premul_factor: float = 1.0,
+        wire: Optional[str] = None,
     ) -> _Buffer: ...
     def allreduce_async(
         self,
@@ -157,6 +158,7 @@ class Communicator:
         dtype: Optional[str] = None,
         timeout: Optional[float] = None,
         premul_factor: float = 1.0,
+        wire: Optional[str] = None,
     ) -> Work: ...
     def reduce_scatter(
         self,
@@ -166,6 +168,7 @@ class Communicator:
         dtype: Optional[str] = None,
         timeout: Optional[float] = None,
         premul_factor: float = 1.0,
+        wire: Optional[str] = None,
     ) -> _Buffer: ...
     def reduce_scatter_async(
         self,
@@ -175,18 +178,39 @@ class Communicator:
         dtype: Optional[str] = None,
         timeout: Optional[float] = None,
         premul_factor: float = 1.0,
+        wire: Optional[str] = None,
     ) -> Work: ...
     def allgather(
-        self, send: _Buffer, recv: _Buffer, dtype: Optional[str] = None, timeout: Optional[float] = None
+        self,
+        send: _Buffer,
+        recv: _Buffer,
+        dtype: Optional[str] = None,
+        timeout: Optional[float] = None,
+        wire: Optional[str] = None,
     ) -> _Buffer: ...
     def allgather_async(
-        self, send: _Buffer, recv: _Buffer, dtype: Optional[str] = None, timeout: Optional[float] = None
+        self,
+        send: _Buffer,
+        recv: _Buffer,
+        dtype: Optional[str] = None,
+        timeout: Optional[float] = None,
+        wire: Optional[str] = None,
     ) -> Work: ...
     def alltoall(
-        self, send: _Buffer, recv: _Buffer, dtype: Optional[str] = None, timeout: Optional[float] = None
+        self,
+        send: _Buffer,
+        recv: _Buffer,
+        dtype: Optional[str] = None,
+        timeout: Optional[float] = None,
+        wire: Optional[str] = None,
     ) -> _Buffer: ...
     def alltoall_async(
-        self, send: _Buffer, recv: _Buffer, dtype: Optional[str] = None, timeout: Optional[float] = None
+        self,
+        send: _Buffer,
+        recv: _Buffer,
+        dtype: Optional[str] = None,
+        timeout: Optional[float] = None,
+        wire: Optional[str] = None,
     ) -> Work: ...
     def broadcast(
         self,

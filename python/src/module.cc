@@ -326,30 +326,33 @@ PYBIND11_MODULE(_ringreduce, m) {
         name,
         [=](PyComm& c, py::object send, py::object recv, py::object op,
             std::optional<std::string> dtype, std::optional<double> timeout, double premul_factor,
-            py::kwargs extra) {
-          refuse_extra(c, name, "send, recv, op, dtype, timeout, premul_factor", extra);
+            std::optional<std::string> wire, py::kwargs extra) {
+          refuse_extra(c, name, "send, recv, op, dtype, timeout, premul_factor, wire", extra);
           return c.collective(K::allreduce, "allreduce", send, recv, op, 0, dtype, timeout,
-                              premul_factor, async);
+                              premul_factor, async, wire);
         },
         py::arg("send"), py::arg("recv") = py::none(), py::arg("op") = py::none(),
         py::arg("dtype") = py::none(), py::arg("timeout") = py::none(),
-        py::arg("premul_factor") = 1.0,
-        "allreduce(send, recv=None, op='sum'): recv = op over ranks of send (in place without "
-        "recv). op: sum, prod, min, max, avg, band, bor, bxor, premul_sum or a ReduceOp.");
+        py::arg("premul_factor") = 1.0, py::arg("wire") = py::none(),
+        "allreduce(send, recv=None, op='sum', wire=None): recv = op over ranks of send (in place "
+        "without recv). op: sum, prod, min, max, avg, band, bor, bxor, premul_sum or a ReduceOp. "
+        "wire: none, bf16, f16, fp8e4m3, fp8e5m2 or auto for float32 sums (None: "
+        "RINGREDUCE_WIRE); docs/WIRE.md.");
     name = method("reduce_scatter", "reduce_scatter_async");
     cls.def(
         name,
         [=](PyComm& c, py::object send, py::object recv, py::object op,
             std::optional<std::string> dtype, std::optional<double> timeout, double premul_factor,
-            py::kwargs extra) {
-          refuse_extra(c, name, "send, recv, op, dtype, timeout, premul_factor", extra);
+            std::optional<std::string> wire, py::kwargs extra) {
+          refuse_extra(c, name, "send, recv, op, dtype, timeout, premul_factor, wire", extra);
           return c.collective(K::reduce_scatter, "reduce_scatter", send, recv, op, 0, dtype,
-                              timeout, premul_factor, async);
+                              timeout, premul_factor, async, wire);
         },
         py::arg("send"), py::arg("recv"), py::arg("op") = py::none(), py::arg("dtype") = py::none(),
         py::arg("timeout") = py::none(), py::arg("premul_factor") = 1.0,
-        "reduce_scatter(send, recv, op='sum'): send holds size x len(recv) elements; rank r "
-        "receives block r of the reduction.");
+        py::arg("wire") = py::none(),
+        "reduce_scatter(send, recv, op='sum', wire=None): send holds size x len(recv) elements; "
+        "rank r receives block r of the reduction. wire: as allreduce's.");
     // allgather and alltoall move data: no op, no root.
     for (const K kind : {K::allgather, K::alltoall}) {
       const bool ag = kind == K::allgather;
@@ -358,14 +361,15 @@ PYBIND11_MODULE(_ringreduce, m) {
       cls.def(
           name,
           [=](PyComm& c, py::object send, py::object recv, std::optional<std::string> dtype,
-              std::optional<double> timeout, py::kwargs extra) {
-            refuse_extra(c, name, "send, recv, dtype, timeout", extra);
-            return c.collective(kind, call, send, recv, py::none(), 0, dtype, timeout, 1.0, async);
+              std::optional<double> timeout, std::optional<std::string> wire, py::kwargs extra) {
+            refuse_extra(c, name, "send, recv, dtype, timeout, wire", extra);
+            return c.collective(kind, call, send, recv, py::none(), 0, dtype, timeout, 1.0, async,
+                                wire);
           },
           py::arg("send"), py::arg("recv"), py::arg("dtype") = py::none(),
-          py::arg("timeout") = py::none(),
-          ag ? "allgather(send, recv): recv holds size x len(send) elements; block r is rank r's "
-               "send."
+          py::arg("timeout") = py::none(), py::arg("wire") = py::none(),
+          ag ? "allgather(send, recv, wire=None): recv holds size x len(send) elements; block r "
+               "is rank r's send. wire: as allreduce's (each block rounded once)."
              : "alltoall(send, recv): both hold size equal blocks; block j of send goes to rank "
                "j.");
     }

@@ -138,7 +138,8 @@ class PyComm {
   py::object collective(Kind kind, const char* call, const py::object& send_obj,
                         const py::object& recv_obj, const py::object& op_obj, int root,
                         const std::optional<std::string>& dtype, std::optional<double> timeout,
-                        double premul_factor, bool async) {
+                        double premul_factor, bool async,
+                        const std::optional<std::string>& wire = std::nullopt) {
     const std::shared_ptr<rr::Communicator> keep = comm();
     rr::Communicator& c = *keep;
     const size_t n = static_cast<size_t>(c.size());
@@ -161,6 +162,14 @@ class PyComm {
                        rr::dtype_name(recv.dtype));
     const rr::ReduceOp op = op_obj.is_none() ? rr::ReduceOp::sum : to_op(&c, call, op_obj);
     rr::CallOptions opts = call_options(timeout, premul_factor);
+    if (wire) {
+      rr::Wire w;
+      if (!rr::parse_wire(*wire, &w))
+        bad_argument(&c, call,
+                     "wire='" + *wire + "' is not a wire format (none, bf16, f16, fp8e4m3, "
+                     "fp8e5m2, auto)");
+      opts.wire = w;
+    }
     place(opts, send, recv);
     auto need = [&](bool ok, const std::string& what) {
       if (!ok) bad_argument(&c, call, what);

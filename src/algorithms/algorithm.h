@@ -40,6 +40,9 @@ struct Args {
   std::vector<size_t> counts;
   // alltoallv: the receives (block j from rank j).
   std::vector<size_t> recv_counts;
+  // A narrow wire format (the tuner's resolution of CallOptions::wire): the call runs the coded
+  // algorithm of its collective (wire_phases.h). Never Wire::automatic here.
+  Wire wire = Wire::none;
 };
 
 // Everything an algorithm may use while it runs.
@@ -158,6 +161,10 @@ void binomial_broadcast(Context& ctx, const Args& a);
 void binomial_reduce(Context& ctx, const Args& a);
 void linear_gather(Context& ctx, const Args& a);
 void linear_scatter(Context& ctx, const Args& a);
+// The coded collectives (wire_phases.h): float32 with Args::wire set.
+void wire_allreduce(Context& ctx, const Args& a);
+void wire_reduce_scatter(Context& ctx, const Args& a);
+void wire_allgather(Context& ctx, const Args& a);
 
 double ring_allreduce_cost(const CostInputs& in, double k, double segment);
 double rd_allreduce_cost(const CostInputs& in, double k, double segment);

@@ -22,6 +22,10 @@ struct Costs {
   // fused forwards, which shared memory reduces from one FIFO slot straight into the next, do
   // not. Measured at start-up (Rabenseifner against the ring); small beside a network's beta.
   double pi = 0;
+  // Seconds per float32 byte to code it narrow (bf16) and decode it again, added to a sum: what
+  // a coded collective pays per byte beyond the links (Tuner::resolve_wire). Measured by rank 0
+  // at start-up beside gamma.
+  double codec = 0;
 };
 
 // Everything a cost function may use besides the call's size.

@@ -50,6 +50,10 @@ const std::vector<Algorithm>& all_algorithms() {
       {"ring",          Collective::allgatherv,    20, ring_allgather,                false, SIZE_MAX,        nullptr,                     "",        nullptr,                nullptr},
       {"ring",          Collective::reduce_scatterv, 21, ring_reduce_scatter,         false, SIZE_MAX,        nullptr,                     "",        nullptr,                nullptr},
       {"pairwise",      Collective::alltoallv,     22, pairwise_alltoall,             false, SIZE_MAX,        nullptr,                     "",        nullptr,                nullptr},
+      // The coded collectives run a call with Args::wire set, and only those (Tuner::choose).
+      {"wire",          Collective::allreduce,     24, wire_allreduce,                false, SIZE_MAX,        nullptr,                     "",        nullptr,                nullptr},
+      {"wire",          Collective::reduce_scatter, 25, wire_reduce_scatter,          false, SIZE_MAX,        nullptr,                     "",        nullptr,                nullptr},
+      {"wire",          Collective::allgather,     26, wire_allgather,                false, SIZE_MAX,        nullptr,                     "",        nullptr,                nullptr},
   };
   // clang-format on
   return kAll;

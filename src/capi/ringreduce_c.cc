@@ -297,6 +297,46 @@ rr_result_t rr_allreduce_premul_sum(rr_comm_t* c, const void* send, void* recv, 
       c, c->comm->allreduce(send, recv, count, dt(dtype), ringreduce::ReduceOp::premul_sum, call));
 }
 
+namespace {
+
+static_assert(RR_WIRE_AUTO == static_cast<int>(ringreduce::Wire::automatic) &&
+              RR_WIRE_FP8E5M2 == static_cast<int>(ringreduce::Wire::fp8e5m2) &&
+              RR_WIRE_AUTO + 1 == ringreduce::kNumWires);
+
+// A call's options with its wire format (RR_WIRE_DEFAULT: unset, RINGREDUCE_WIRE decides).
+ringreduce::CallOptions wire_call(rr_wire_t w, const char* fn) {
+  ringreduce::CallOptions call;
+  if (w == RR_WIRE_DEFAULT) return call;
+  if (w < RR_WIRE_NONE || w > RR_WIRE_AUTO)
+    throw ringreduce::InvalidArgument(std::string(fn) + ": unknown wire format " +
+                                      std::to_string(static_cast<int>(w)));
+  call.wire = static_cast<ringreduce::Wire>(w);
+  return call;
+}
+
+}  // namespace
+
+rr_result_t rr_allreduce_wire(rr_comm_t* c, const void* send, void* recv, size_t count,
+                              rr_dtype_t dtype, rr_op_t op, rr_wire_t wire) {
+  RR_CHECK_COMM(c);
+  return RR_ON(c, c->comm->allreduce(send, recv, count, dt(dtype), op_of(op),
+                                     wire_call(wire, "rr_allreduce_wire")));
+}
+
+rr_result_t rr_reduce_scatter_wire(rr_comm_t* c, const void* send, void* recv, size_t recv_count,
+                                   rr_dtype_t dtype, rr_op_t op, rr_wire_t wire) {
+  RR_CHECK_COMM(c);
+  return RR_ON(c, c->comm->reduce_scatter(send, recv, recv_count, dt(dtype), op_of(op),
+                                          wire_call(wire, "rr_reduce_scatter_wire")));
+}
+
+rr_result_t rr_allgather_wire(rr_comm_t* c, const void* send, void* recv, size_t send_count,
+                              rr_dtype_t dtype, rr_wire_t wire) {
+  RR_CHECK_COMM(c);
+  return RR_ON(c, c->comm->allgather(send, recv, send_count, dt(dtype),
+                                     wire_call(wire, "rr_allgather_wire")));
+}
+
 rr_result_t rr_reduce_scatter(rr_comm_t* c, const void* send, void* recv, size_t recv_count,
                               rr_dtype_t dtype, rr_op_t op) {
   RR_CHECK_COMM(c);

@@ -163,7 +163,8 @@ std::string agreed_settings(const core::Config& config) {
   std::string out;
   for (const char* name :
        {"RINGREDUCE_ALGO", "RINGREDUCE_SEGMENT_BYTES", "RINGREDUCE_CHANNELS", "RINGREDUCE_NSOCKS",
-        "RINGREDUCE_SHM", "RINGREDUCE_SOCKET_FAMILY", "RINGREDUCE_PROBE_BATCHES"})
+        "RINGREDUCE_SHM", "RINGREDUCE_SOCKET_FAMILY", "RINGREDUCE_PROBE_BATCHES",
+        "RINGREDUCE_WIRE"})
     out += std::string(name) + "=" + config.str(name) + "\n";
   return out;
 }

@@ -7,6 +7,7 @@
 #include "comm/comm_impl.h"
 #include "core/log.h"
 #include "reduce/reduce.h"
+#include "reduce/wire.h"
 #include "rendezvous/join.h"
 #include "ringreduce/error.h"
 
@@ -39,6 +40,25 @@ double measure_gamma() {
     const auto t0 = core::Clock::now();
     for (int k = 0; k < kReps; ++k)
       reduce::combine(out.data(), a.data(), b.data(), kCount, DataType::f32, ReduceOp::sum);
+    best = std::min(best, std::chrono::duration<double>(core::Clock::now() - t0).count() / kReps);
+  }
+  return best / static_cast<double>(kCount * sizeof(float));
+}
+
+// Seconds per float32 byte to code it as bf16 and decode it again added to a sum (what a coded
+// collective pays per byte beyond its links: Costs::codec), on cached data as measure_gamma.
+double measure_codec() {
+  constexpr size_t kCount = 8192;
+  constexpr int kReps = 16;
+  std::vector<float> a(kCount, 1.5f), sum(kCount, 0.0f);
+  std::vector<uint8_t> coded(reduce::wire_bytes(Wire::bf16, kCount));
+  double best = 1e9;
+  for (int i = 0; i < 4; ++i) {
+    const auto t0 = core::Clock::now();
+    for (int k = 0; k < kReps; ++k) {
+      reduce::wire_encode(coded.data(), a.data(), kCount, Wire::bf16);
+      reduce::wire_decode(sum.data(), sum.data(), coded.data(), kCount, Wire::bf16);
+    }
     best = std::min(best, std::chrono::duration<double>(core::Clock::now() - t0).count() / kReps);
   }
   return best / static_cast<double>(kCount * sizeof(float));
@@ -116,7 +136,7 @@ void CommImpl::probe_network(const std::vector<std::string>& hosts,
     plan >> what >> warmups >> batches >> rounds;
     probe = what == "probe";
   }
-  double alpha = 0, bandwidth = 0, gamma = 0;
+  double alpha = 0, bandwidth = 0, gamma = 0, codec = 0;
   if (probe && (rank_ == 0 || rank_ == partner)) {
     // The all-zero tag: no user op has it (their sequence numbers start at 1), and it is what
     // the op lines of ranks that have not begun an op show, so shared-memory peers watching this
@@ -148,7 +168,7 @@ void CommImpl::probe_network(const std::vector<std::string>& hosts,
     for (int i = 0; i < 2; ++i) bulk = std::min(bulk, round(kProbeBytes, 8));
     alpha = rtt / 2;
     bandwidth = static_cast<double>(kProbeBytes) / std::max(bulk - rtt, 1e-7);
-    if (rank_ == 0) gamma = measure_gamma();  // only rank 0's numbers are shared
+    if (rank_ == 0) gamma = measure_gamma(), codec = measure_codec();  // only rank 0's are shared
   } else if (file) {
     alpha = file->link.alpha;
     bandwidth = 1.0 / file->link.beta;
@@ -172,17 +192,18 @@ void CommImpl::probe_network(const std::vector<std::string>& hosts,
   if (rank_ == 0) {
     std::ostringstream v;
     v.precision(17);
-    v << alpha << " " << bandwidth << " " << gamma;
+    v << alpha << " " << bandwidth << " " << gamma << " " << codec;
     const std::string text = v.str();
     startup_store_->set("net_probe", std::vector<uint8_t>(text.begin(), text.end()));
   } else {
     auto v = startup_store_->get("net_probe", std::chrono::milliseconds(deadline.remaining_ms()));
     std::istringstream in(std::string(v.begin(), v.end()));
-    in >> alpha >> bandwidth >> gamma;
+    in >> alpha >> bandwidth >> gamma >> codec;
   }
   tuner::Costs costs = tuner::Tuner::default_costs(transport_->traits());
   costs.link = {alpha, 1.0 / bandwidth, /*overlap=*/true};
   if (gamma > 0) costs.gamma = gamma;
+  costs.codec = codec > 0 ? codec : 2 * costs.gamma;
   tuner_->set_costs(costs);
   RR_LOG(info, tune, rank_, "network between hosts (rank 0 <-> rank ", partner, "): latency ",
          alpha * 1e6, " us, ", bandwidth / 1e9, " GB/s");
@@ -248,15 +269,15 @@ void CommImpl::probe_links(const core::Deadline& deadline) {
   // Rank 0's values reach every rank: {from file, alpha, beta, gamma, pi}, summed by recursive
   // doubling with every other rank's zeros (exact), lg N steps. (They went around the ring
   // first: N steps one after another, each waiting for its rank to be scheduled.)
-  auto pass = [&](double(&v)[5]) {
+  auto pass = [&](double(&v)[6]) {
     if (rank_ != 0) std::fill(std::begin(v), std::end(v), 0.0);
     algorithms::Args a;
     a.send = a.recv = v;
-    a.count = 5;
+    a.count = 6;
     a.dtype = DataType::f64;
     time_probe_op(algorithms::recursive_doubling_allreduce, a, 1, deadline);
   };
-  double v[5] = {0, 0, 0, 0, 0};
+  double v[6] = {0, 0, 0, 0, 0, 0};
   if (rank_ == 0) {
     try {
       if (auto file = tuning_file_costs(transport_->traits().name))
@@ -369,6 +390,7 @@ void CommImpl::probe_links(const core::Deadline& deadline) {
       v[2] = beta;
       v[3] = gamma;
       v[4] = pi;
+      v[5] = measure_codec();
     }
     pass(v);
   }
@@ -377,6 +399,7 @@ void CommImpl::probe_links(const core::Deadline& deadline) {
   costs.link.beta = v[2];
   if (v[3] > 0) costs.gamma = v[3];
   costs.pi = v[4];
+  costs.codec = v[5] > 0 ? v[5] : 2 * costs.gamma;
   tuner_->set_costs(costs);
   cost_kind_ = transport_->traits().name;
   RR_LOG(info, tune, rank_, "links (", cost_kind_, ", ",
@@ -385,7 +408,7 @@ void CommImpl::probe_links(const core::Deadline& deadline) {
                    : "measured",
          "): step latency ", costs.link.alpha * 1e6, " us, ", 1e-9 / costs.link.beta,
          " GB/s per link; reduce ", 1e-9 / costs.gamma, " GB/s; unfused steps +", costs.pi * 1e12,
-         " ps/B");
+         " ps/B; bf16 code and decode ", 1e-9 / costs.codec, " GB/s");
 }
 
 std::string CommImpl::tuning() const {

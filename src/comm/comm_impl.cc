@@ -71,7 +71,9 @@ void CommImpl::prepare(OpState& op, const algorithms::Args& args, const CallOpti
   op.comm = this;
   op.timeout = call.timeout.value_or(timeout_.load());
   op.premul_factor = call.premul_factor;
-  op.plan = tuner_->choose(args);
+  op.wire_requested = call.wire;
+  op.args.wire = tuner_->resolve_wire(args, call.wire);
+  op.plan = tuner_->choose(op.args);
   auto& t = op.tag;
   t.count = args.count;
   t.kind = static_cast<uint8_t>(args.kind);
@@ -96,6 +98,7 @@ void CommImpl::prepare(OpState& op, const algorithms::Args& args, const CallOpti
   t.segment_bytes = op.plan.segment_bytes;
   t.channels = static_cast<uint16_t>(op.plan.channels);
   t.flags = op.plan.sliced ? transport::kTagSliced : 0;
+  t.wire = static_cast<uint8_t>(op.args.wire);
 }
 
 std::optional<CommImpl::CallShape> CommImpl::shape_of(const algorithms::Args& args,
@@ -112,6 +115,7 @@ std::optional<CommImpl::CallShape> CommImpl::shape_of(const algorithms::Args& ar
   s.in_place = args.send == args.recv;
   s.timeout = call.timeout.value_or(timeout_.load());
   s.premul_factor = call.premul_factor;
+  s.wire = call.wire;
   s.tuner_generation = tuner_->generation();
   return s;
 }
@@ -159,6 +163,7 @@ void CommImpl::call(const algorithms::Args& args, const CallOptions& call) {
       op.comm = this;
       op.plan = memo_->plan;
       op.tag = memo_->tag;
+      op.args.wire = static_cast<Wire>(op.tag.wire);
       op.tag.seq = next_seq_++;
     } else {
       prepare(op, args, call, /*async=*/false);

@@ -55,6 +55,9 @@ struct OpState {
   transport::OpTag tag;
   std::chrono::milliseconds timeout{0};
   double premul_factor = 1.0;  // ReduceOp::premul_sum (CallOptions)
+  // CallOptions::wire as the caller set it (validate refuses it on a call it cannot apply to);
+  // what the call runs with is args.wire.
+  std::optional<Wire> wire_requested;
   bool async = false;
   CommImpl* comm = nullptr;
   // Guarded by CommImpl::mu_; `finished` may be read without it.
@@ -246,6 +249,7 @@ class CommImpl {
     bool send_null = false, recv_null = false, in_place = false;
     std::chrono::milliseconds timeout{0};
     double premul_factor = 1.0;
+    std::optional<Wire> wire;
     uint64_t tuner_generation = 0;  // the tuner's state (Tuner::generation)
     bool operator==(const CallShape&) const = default;
   };

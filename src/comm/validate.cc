@@ -32,6 +32,7 @@ std::string CommImpl::describe(const transport::OpTag& t) const {
     }
     if (f && f->has_op) s << ", " << op_name(static_cast<ReduceOp>(t.op));
     if (f && f->has_root) s << ", root " << t.root;
+    if (t.wire != 0) s << ", wire " << wire_name(static_cast<Wire>(t.wire));
     s << ")";
   }
   return s.str();
@@ -52,6 +53,13 @@ void CommImpl::validate(const OpState& op) const {
   if (f->has_op && !op_applies(a.op, a.dtype))
     bad(std::string(op_name(a.op)) + " does not apply to " + dtype_name(a.dtype) +
         " (band, bor, bxor: integers and bool; premul_sum: floating point; avg: all but bool)");
+  if (op.wire_requested && *op.wire_requested != Wire::none) {
+    if (static_cast<int>(*op.wire_requested) >= kNumWires) bad("unknown wire format");
+    if (!tuner::Tuner::wire_applies(a))
+      bad(std::string("wire format ") + wire_name(*op.wire_requested) +
+          " applies to float32 allreduce, reduce_scatter and allgather (reducing by sum, avg or "
+          "premul_sum), not to this call");
+  }
   if (f->has_root && (a.root < 0 || a.root >= size_))
     bad("root " + std::to_string(a.root) + " is not a rank of this communicator (0.." +
         std::to_string(size_ - 1) + ")");

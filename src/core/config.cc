@@ -37,6 +37,9 @@ const std::vector<SettingInfo>& all_settings() {
        "with ringreduce-timeline"},
       {"RINGREDUCE_ALGO", "", "force an algorithm, e.g. ring or allreduce:ring (default: tuner)"},
       {"RINGREDUCE_SEGMENT_BYTES", "", "pipeline segment size (default: chosen by the tuner)"},
+      {"RINGREDUCE_WIRE", "none",
+       "wire format of float32 allreduce, reduce_scatter, allgather: none, bf16, f16, fp8e4m3, "
+       "fp8e5m2, auto"},
       {"RINGREDUCE_CHANNELS", "1", "independent rings over disjoint parts of the buffer"},
       {"RINGREDUCE_NSOCKS", "1",
        "TCP connections per link; > 1 stripes each message of 128 KiB or more over them (not in "

@@ -52,7 +52,8 @@ struct OpTag {
   uint8_t algo = 0;
   uint16_t channels = 0;
   uint16_t flags = 0;  // kTagSliced: the ring schedule was posted slice by slice
-  uint32_t reserved1 = 0;
+  uint8_t wire = 0;    // the narrow wire format (Wire) of a coded collective, else 0
+  uint8_t reserved1[3] = {};
   uint64_t reserved2 = 0;
   bool operator==(const OpTag&) const = default;
 };
@@ -88,6 +89,16 @@ class Link {
                                 Link& next, bool keep, Completion* c) = 0;
   // Receives into dst, then sends dst on next.
   virtual void recv_copy_send(void* dst, size_t bytes, Link& next, Completion* c) = 0;
+
+  // Narrow wire formats (reduce/wire.h, CallOptions::wire): sends `count` floats from src coded
+  // as `wire` (not none or automatic), each piece coded as it goes out, into the link's staging
+  // or straight into a shared-memory slot: never a pass over the whole buffer first. A message
+  // is cut only between the format's units, so each piece decodes on its own.
+  virtual void send_coded(const float* src, size_t count, Wire wire, Completion* c) = 0;
+  // Receives `count` floats sent coded as `wire`: dst = the decoded values (local null) or
+  // local + them (dst may be local), each piece decoded as it arrives.
+  virtual void recv_coded(float* dst, const float* local, size_t count, Wire wire,
+                          Completion* c) = 0;
 
   // How a forward crosses between links of different kinds (a shared-memory link receiving what
   // a TCP link sends on, and back), where the fused paths cannot apply. Called by the receiving

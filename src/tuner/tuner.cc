@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <limits>
 #include <sstream>
 
 #include "reduce/reduce.h"
+#include "reduce/wire.h"
 #include "ringreduce/error.h"
 
 namespace ringreduce::tuner {
@@ -36,8 +38,13 @@ Tuner::Tuner(const core::Config& config, const Setup& setup)
   in_.host_size = setup_.host_size;
   in_.link_segment = setup_.link.segment_bytes;
   in_.costs = default_costs(setup_.link);
-  for (const auto& f : algorithms::all_facts())
+  for (const auto& f : algorithms::all_facts()) {
     default_[static_cast<size_t>(f.kind)] = algorithms::find_algorithm(f.kind, f.default_algorithm);
+    coded_[static_cast<size_t>(f.kind)] = algorithms::find_algorithm(f.kind, "wire");
+  }
+  if (!parse_wire(config.str("RINGREDUCE_WIRE"), &wire_setting_))
+    throw InvalidArgument("RINGREDUCE_WIRE='" + config.str("RINGREDUCE_WIRE") +
+                          "': not a wire format (none, bf16, f16, fp8e4m3, fp8e5m2, auto)");
   if (config.has("RINGREDUCE_SEGMENT_BYTES")) {
     forced_segment_ = config.size("RINGREDUCE_SEGMENT_BYTES");
     if (forced_segment_ == 0) throw InvalidArgument("RINGREDUCE_SEGMENT_BYTES must be > 0");
@@ -88,7 +95,56 @@ Costs Tuner::default_costs(const transport::KindTraits& link) {
   Costs c;
   c.link = link.costs;
   c.gamma = 1.0 / 8e9;
+  c.codec = 2 * c.gamma;
   return c;
+}
+
+bool Tuner::wire_applies(const algorithms::Args& a) {
+  if (a.dtype != DataType::f32) return false;
+  if (a.kind == Collective::allgather) return true;
+  if (a.kind != Collective::allreduce && a.kind != Collective::reduce_scatter) return false;
+  return a.op == ReduceOp::sum || a.op == ReduceOp::avg || a.op == ReduceOp::premul_sum;
+}
+
+double Tuner::predict_coded(Collective kind, size_t bytes, Wire w) const {
+  const int n = setup_.size;
+  if (n <= 1) return 0;
+  const Costs& c = in_.costs;
+  const double k = static_cast<double>(bytes);
+  const double ratio = static_cast<double>(reduce::wire_bytes(w, bytes / sizeof(float))) /
+                       std::max(k, 1.0);
+  // Per phase: N-1 messages in flight at once (one alpha each on the sender's side), and a share
+  // of the buffer ((N-1)/N of it for an allreduce, N-1 blocks for the others) coded through the
+  // links, coded and decoded (and added) once each: codec is both, the add included.
+  const int phases = kind == Collective::allreduce ? 2 : 1;
+  const double share = kind == Collective::allreduce ? (n - 1.0) / n * k : (n - 1.0) * k;
+  return phases * ((n - 1) * c.link.alpha + share * ratio * c.link.beta + share * c.codec);
+}
+
+Wire Tuner::resolve_wire(const algorithms::Args& args, std::optional<Wire> requested) const {
+  const Wire w = requested.value_or(wire_setting_);
+  if (w == Wire::none || !wire_applies(args) || !coded_[static_cast<size_t>(args.kind)])
+    return Wire::none;
+  if (w != Wire::automatic) return w;
+  // auto: only where the model finds it pays, and only as bf16 (the format whose rounding a
+  // float32 training run does not notice; the narrower ones are asked for by name).
+  if (setup_.size <= 1 || args.count == 0) return Wire::none;
+  const size_t bytes = args.count * sizeof(float);
+  const Costs& c = in_.costs;
+  const double n = setup_.size, k = static_cast<double>(bytes);
+  double t;
+  if (args.kind == Collective::allreduce) {
+    algorithms::Args plain = args;
+    plain.wire = Wire::none;
+    t = predict(*pick(plain, false), bytes);
+    // One the model does not describe (hierarchical, by its rule): the ring's time instead.
+    if (!std::isfinite(t)) t = algorithms::ring_allreduce_cost(in_, k, 0);
+  } else {
+    // The ring reduce_scatter or allgather: N-1 steps of one rank's block (count per rank).
+    t = (n - 1) * (c.link.alpha + k * c.link.beta) +
+        (args.kind == Collective::reduce_scatter ? (n - 1) * k * c.gamma : 0);
+  }
+  return predict_coded(args.kind, bytes, Wire::bf16) < 0.9 * t ? Wire::bf16 : Wire::none;
 }
 
 bool Tuner::usable(const Algorithm& a) const {
@@ -198,6 +254,19 @@ size_t Tuner::choose_segment(const Algorithm& algorithm, size_t bytes) const {
 
 Plan Tuner::choose(const algorithms::Args& args) const {
   Plan plan;
+  if (args.wire != Wire::none) {
+    // Coded: every rank sends to every peer, and the links cut the messages themselves.
+    plan.algorithm = coded_[static_cast<size_t>(args.kind)];
+    if (!plan.algorithm)
+      throw InvalidArgument(std::string(algorithms::collective_name(args.kind)) +
+                            " has no coded algorithm");
+    const size_t bytes = args.count * dtype_size(args.dtype);
+    plan.channels = bytes / static_cast<size_t>(std::max(setup_.size, 1)) >= (size_t{4} << 20)
+                        ? setup_.channels
+                        : 1;
+    plan.segment_bytes = setup_.link.segment_bytes;
+    return plan;
+  }
   plan.algorithm = pick(args, true);
   if (plan.algorithm->run == algorithms::registered_allreduce) plan.fallback = pick(args, false);
   const size_t bytes = args.count * dtype_size(args.dtype);

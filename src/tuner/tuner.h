@@ -9,6 +9,7 @@
 #include <array>
 #include <atomic>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,7 +50,18 @@ class Tuner {
   // for one collective "allreduce:flat,allreduce:direct") and RINGREDUCE_SEGMENT_BYTES;
   // InvalidArgument names a bad value.
   Tuner(const core::Config& config, const Setup& setup);
+  // A call with Args::wire set runs its collective's coded algorithm (wire_phases.h).
   Plan choose(const algorithms::Args& args) const;
+  // The wire format a call runs with (its Args::wire): `requested` (CallOptions::wire; unset:
+  // RINGREDUCE_WIRE) where the call can take one (wire_applies), else none; automatic becomes
+  // bf16 where the model predicts the coded call at least 10% faster than the uncoded one's
+  // choice, else none. The same on every rank: it reads only the call and the shared costs.
+  Wire resolve_wire(const algorithms::Args& args, std::optional<Wire> requested) const;
+  // Float32 allreduce, reduce_scatter or allgather, reducing (where it reduces) by sum, avg or
+  // premul_sum: what a narrow format can serve with one rounding per input.
+  static bool wire_applies(const algorithms::Args& args);
+  // The model's time for the coded call of `bytes` in format w (per rank, as predict()).
+  double predict_coded(algorithms::Collective kind, size_t bytes, Wire w) const;
   // The costs the model predicts with, as measured at start-up by the communicator (or read
   // from RINGREDUCE_TUNING_FILE). Until set: default_costs(setup.link).
   void set_costs(const Costs& costs);
@@ -109,6 +121,7 @@ class Tuner {
   Movable<uint64_t> generation_;
   size_t stream_min_bytes_;
   size_t forced_segment_ = 0;
+  Wire wire_setting_ = Wire::none;  // RINGREDUCE_WIRE
   // By Collective value: the cheapest candidate per size class (empty: none is modelled).
   std::array<std::vector<const algorithms::Algorithm*>, algorithms::kMaxCollective + 1> choice_;
   // By Collective value: the usable algorithms that take calls by a rule, in registry order.
@@ -117,6 +130,8 @@ class Tuner {
   // looked up by name once rather than per call.
   std::array<const algorithms::Algorithm*, algorithms::kMaxCollective + 1> default_{};
   const algorithms::Algorithm& default_algorithm(algorithms::Collective c) const;
+  // By Collective value: its coded algorithm, if it has one.
+  std::array<const algorithms::Algorithm*, algorithms::kMaxCollective + 1> coded_{};
   // RINGREDUCE_ALGO: per collective, the forced algorithms in order; a call runs the first whose
   // max_bytes admits it (none: the tuner's own choice).
   std::map<algorithms::Collective, std::vector<const algorithms::Algorithm*>> forced_;

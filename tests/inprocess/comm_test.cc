@@ -1003,6 +1003,25 @@ TEST(Comm, CApiReportsErrorsWithoutExceptions) {
       std::vector<float> f(5, 2.0f);
       rc |= rr_allreduce_premul_sum(comm, f.data(), f.data(), f.size(), RR_F32, 0.5 * (r + 1));
       EXPECT_EQ(f[4], 6.0f);  // 2 * (0.5 + 1 + 1.5)
+      std::vector<int32_t> flags_int(2, 1);
+      // Wire formats: bf16 keeps 2.0 exact; an integer call refused with a message; an unknown
+      // format refused before anything is issued.
+      std::vector<float> coded(300, 2.0f), gathered(900, 0.0f);
+      rc |= rr_allreduce_wire(comm, coded.data(), coded.data(), coded.size(), RR_F32, RR_SUM,
+                              RR_WIRE_BF16);
+      EXPECT_EQ(coded[299], 6.0f);
+      rc |= rr_allgather_wire(comm, coded.data(), gathered.data(), 300, RR_F32, RR_WIRE_FP8E4M3);
+      EXPECT_EQ(gathered[899], 6.0f);
+      rc |= rr_reduce_scatter_wire(comm, gathered.data(), coded.data(), 300, RR_F32, RR_AVG,
+                                   RR_WIRE_DEFAULT);
+      EXPECT_EQ(coded[0], 6.0f);
+      EXPECT_EQ(rr_allreduce_wire(comm, flags_int.data(), flags_int.data(), 2, RR_I32, RR_SUM,
+                                  RR_WIRE_F16),
+                RR_ERR_INVALID_ARGUMENT);
+      EXPECT_NE(std::string(rr_last_error(comm)).find("wire format f16"), std::string::npos);
+      EXPECT_EQ(rr_allreduce_wire(comm, coded.data(), coded.data(), 1, RR_F32, RR_SUM,
+                                  static_cast<rr_wire_t>(9)),
+                RR_ERR_INVALID_ARGUMENT);
       std::vector<uint8_t> flags = {uint8_t(r == 1), 1};
       rc |= rr_allreduce(comm, flags.data(), flags.data(), 2, RR_BOOL, RR_BXOR);
       EXPECT_EQ(flags[0], 1);

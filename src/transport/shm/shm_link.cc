@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "reduce/reduce.h"
+#include "reduce/wire.h"
 #include "ringreduce/error.h"
 #include "transport/shm/shm_kind.h"
 
@@ -90,7 +91,7 @@ ShmLink::SendOp* ShmLink::push_send(const char* src, size_t bytes, size_t ready,
   if (failed_) throw Error("send on a failed link to rank " + std::to_string(peer_));
   if (peer_gone_) peer_failed("is gone (its process exited or its communicator was destroyed)");
   ++c->outstanding;
-  sends_.push_back({src, bytes, 0, ready, c, tag()});
+  sends_.push_back({src, bytes, 0, ready, c, tag(), {}});
   return &sends_.back();
 }
 
@@ -100,10 +101,40 @@ void ShmLink::send(const void* src, size_t bytes, Completion* c) {
   if (sends_.size() == 1) progress();
 }
 
+void ShmLink::send_coded(const float* src, size_t count, Wire wire, Completion* c) {
+  const size_t bytes = reduce::wire_bytes(wire, count);
+  SendOp* op = push_send(reinterpret_cast<const char*>(src), bytes, bytes, c);
+  op->coded = {nullptr, count, wire};
+  if (sends_.size() == 1) progress();
+}
+
+void ShmLink::recv_coded(float* dst, const float* local, size_t count, Wire wire,
+                         Completion* c) {
+  const Coded coded{local, count, wire};
+  post_recv(RecvKind::coded, dst, local, reduce::wire_bytes(wire, count), {}, nullptr, true, c,
+            &coded);
+}
+
+void ShmLink::decode_piece(RecvOp& op, const char* src, size_t n) {
+  const reduce::WireLayout& l = reduce::wire_layout(op.coded.wire);
+  const bool last = op.done + n == op.bytes;
+  // The sender cuts between units; a piece that does not is not ours to decode.
+  if (!last && n % l.unit_bytes != 0) peer_failed("sent a coded piece that splits a block");
+  const size_t first = op.done / l.unit_bytes * l.unit_elems;
+  const size_t count = last ? op.coded.count - first : n / l.unit_bytes * l.unit_elems;
+  if (last && reduce::wire_bytes(op.coded.wire, count) != n)
+    peer_failed("sent a coded message of the wrong length");
+  auto* dst = reinterpret_cast<float*>(op.dst) + first;
+  reduce::wire_decode(dst, op.coded.local ? op.coded.local + first : nullptr, src, count,
+                      op.coded.wire);
+}
+
 void ShmLink::post_recv(RecvKind kind, void* dst, const void* local, size_t bytes,
-                        const Reduction& r, Link* next, bool keep, Completion* c) {
+                        const Reduction& r, Link* next, bool keep, Completion* c,
+                        const Coded* coded) {
   if (failed_) throw Error("receive on a failed link to rank " + std::to_string(peer_));
   RecvOp op;
+  if (coded) op.coded = *coded;
   op.kind = kind;
   op.dst = static_cast<char*>(dst);
   op.local = static_cast<const char*>(local);
@@ -197,8 +228,21 @@ bool ShmLink::progress_sends() {
     SendOp& op = sends_.front();
     // A forward whose bytes have not arrived yet holds back everything posted after it.
     if (op.ready == op.done && op.bytes > 0) break;
-    const size_t n = std::min(kSlotBytes, op.ready - op.done);
-    publish(op.tag, op.bytes, op.done == 0, op.src + op.done, n);
+    size_t n;
+    if (op.coded.wire != Wire::none) {
+      // Coded straight into the slot, as many whole units as it holds.
+      const reduce::WireLayout& l = reduce::wire_layout(op.coded.wire);
+      const size_t first = op.done / l.unit_bytes * l.unit_elems;
+      const size_t count =
+          std::min(reduce::wire_elems_fitting(op.coded.wire, kSlotBytes), op.coded.count - first);
+      const auto* src = reinterpret_cast<const float*>(op.src) + first;
+      reduce::wire_encode(out_slot(), src, count, op.coded.wire);
+      n = reduce::wire_bytes(op.coded.wire, count);
+      commit_out(op.tag, op.bytes, op.done == 0, n);
+    } else {
+      n = std::min(kSlotBytes, op.ready - op.done);
+      publish(op.tag, op.bytes, op.done == 0, op.src + op.done, n);
+    }
     op.done += n;
     any = true;
     if (op.done == op.bytes) {
@@ -270,6 +314,9 @@ bool ShmLink::progress(bool stage) {
         if (op.red.divide_by > 1) reduce::divide(d, d, n / elem, op.red.dtype, op.red.divide_by);
         break;
       }
+      case RecvKind::coded:
+        decode_piece(op, src, n);
+        break;
       case RecvKind::copy_send:
         reduce::copy(op.dst + op.done, src, n, owner_->stream_output());
         if (direct) {

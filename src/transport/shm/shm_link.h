@@ -38,6 +38,10 @@ class ShmLink final : public Link {
                         bool keep, Completion* c) override;
   // Fused: copies each incoming slot into dst and into next's outgoing slot.
   void recv_copy_send(void* dst, size_t bytes, Link& next, Completion* c) override;
+  // Coded: a send codes each piece straight into the peer's slot, a receive decodes (and adds)
+  // straight out of ours: no copy besides the coding itself.
+  void send_coded(const float* src, size_t count, Wire wire, Completion* c) override;
+  void recv_coded(float* dst, const float* local, size_t count, Wire wire, Completion* c) override;
   // A forward to another kind of link (a TCP link of a rank on another host) is not fused: the
   // receive stages it in dst and the other link sends it from there as it arrives.
   void* reserve_forward(const void* src, size_t bytes, Completion* c) override;
@@ -67,7 +71,13 @@ class ShmLink final : public Link {
   void fail(int code, int blamed_rank, const std::string& reason);
 
  private:
-  enum class RecvKind : uint8_t { plain, reduce, copy_send, reduce_send };
+  enum class RecvKind : uint8_t { plain, reduce, copy_send, reduce_send, coded };
+  // A coded message's floats (send: read and coded; receive: written, added to `local`).
+  struct Coded {
+    const float* local = nullptr;
+    size_t count = 0;
+    Wire wire = Wire::none;
+  };
   // A message to send: an explicit send (all of it ready at src) or a forward, whose bytes become
   // ready as its receive produces them, either straight into our slots (ready == done) or staged
   // at src (ready > done: those go out first).
@@ -78,6 +88,7 @@ class ShmLink final : public Link {
     size_t ready;  // available at src (or written directly: then equal to done)
     Completion* c;
     OpTag tag;
+    Coded coded;  // wire set: src holds coded.count floats, coded as they are published
   };
   struct RecvOp {
     RecvKind kind = RecvKind::plain;
@@ -93,6 +104,7 @@ class ShmLink final : public Link {
     Link* xnext = nullptr;    // a forward to another kind of link, staged in dst
     void* xfwd = nullptr;     // its place in xnext's queue
     Completion* c = nullptr;
+    Coded coded;  // RecvKind::coded
   };
   SendOp* push_send(const char* src, size_t bytes, size_t ready, Completion* c);
   // Whether a fused receive may write the next n bytes of forward f straight into our slot.
@@ -100,7 +112,9 @@ class ShmLink final : public Link {
   void forwarded(SendOp* f, size_t n);
 
   void post_recv(RecvKind kind, void* dst, const void* local, size_t bytes, const Reduction& r,
-                 Link* next, bool keep, Completion* c);
+                 Link* next, bool keep, Completion* c, const Coded* coded = nullptr);
+  // Decodes a coded receive's piece of n bytes at src.
+  void decode_piece(RecvOp& op, const char* src, size_t n);
   void stage_cross(RecvOp& op, const char* src, size_t n);
   bool out_has_credit();
   bool in_has_data();

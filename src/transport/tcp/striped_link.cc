@@ -1,5 +1,7 @@
 #include "transport/tcp/striped_link.h"
 
+#include "reduce/wire.h"
+
 namespace ringreduce::transport::tcp {
 
 StripedLink::StripedLink(std::vector<TcpLink*> wires, size_t min_stripe)
@@ -18,6 +20,34 @@ void StripedLink::for_each_stripe(size_t bytes, Fn&& fn) const {
   const size_t per = ((bytes + n - 1) / n + kAlign - 1) / kAlign * kAlign;
   for (size_t i = 0, off = 0; i < n && off < bytes; ++i, off += per)
     fn(*wires_[i], off, bytes - off < per ? bytes - off : per);
+}
+
+template <typename Fn>
+void StripedLink::for_each_coded_stripe(size_t count, Wire wire, Fn&& fn) const {
+  const size_t k = wires_.size();
+  size_t n = reduce::wire_bytes(wire, count) / min_stripe_;
+  if (n > k) n = k;
+  if (n <= 1) {
+    fn(*wires_[0], 0, count);
+    return;
+  }
+  constexpr size_t kAlign = reduce::kWireBlock;  // a whole block of every format
+  const size_t per = ((count + n - 1) / n + kAlign - 1) / kAlign * kAlign;
+  for (size_t i = 0, off = 0; i < n && off < count; ++i, off += per)
+    fn(*wires_[i], off, count - off < per ? count - off : per);
+}
+
+void StripedLink::send_coded(const float* src, size_t count, Wire wire, Completion* c) {
+  for_each_coded_stripe(count, wire, [&](TcpLink& w, size_t off, size_t n) {
+    w.send_coded(src + off, n, wire, c);
+  });
+}
+
+void StripedLink::recv_coded(float* dst, const float* local, size_t count, Wire wire,
+                             Completion* c) {
+  for_each_coded_stripe(count, wire, [&](TcpLink& w, size_t off, size_t n) {
+    w.recv_coded(dst + off, local ? local + off : nullptr, n, wire, c);
+  });
 }
 
 StripedLink& StripedLink::striped_next(Link& next) const {

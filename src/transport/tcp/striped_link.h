@@ -32,6 +32,9 @@ class StripedLink final : public Link {
   void recv_reduce_send(void* dst, const void* local, size_t bytes, const Reduction& r, Link& next,
                         bool keep, Completion* c) override;
   void recv_copy_send(void* dst, size_t bytes, Link& next, Completion* c) override;
+  // Coded messages are striped by elements, whole blocks of the format to a stripe.
+  void send_coded(const float* src, size_t count, Wire wire, Completion* c) override;
+  void recv_coded(float* dst, const float* local, size_t count, Wire wire, Completion* c) override;
   // Forwards across kinds need one frame per message: communicators that mix shared memory and
   // TCP do not stripe (comm_impl.cc), so these are never called.
   void* reserve_forward(const void*, size_t, Completion*) override {
@@ -46,6 +49,9 @@ class StripedLink final : public Link {
   // of 64 bytes (so never split an element of any dtype), except the last.
   template <typename Fn>
   void for_each_stripe(size_t bytes, Fn&& fn) const;
+  // The same for a coded message of `count` floats: fn(wire, element offset, elements).
+  template <typename Fn>
+  void for_each_coded_stripe(size_t count, Wire wire, Fn&& fn) const;
   StripedLink& striped_next(Link& next) const;
 
   std::vector<TcpLink*> wires_;

@@ -12,6 +12,7 @@
 
 #include "core/log.h"
 #include "reduce/reduce.h"
+#include "reduce/wire.h"
 #include "ringreduce/error.h"
 #include "transport/tcp/frame.h"
 #include "transport/tcp/tcp_kind.h"
@@ -32,6 +33,10 @@ constexpr size_t kIoBudget = 1 << 20;
 // Payloads at least this big are read straight into the destination when the inbox is empty.
 constexpr size_t kDirectReadMin = 16 << 10;
 constexpr int kMaxIov = 64;
+// A coded send's staging: a piece is coded here when the socket has taken the previous one. 64
+// KiB of wire bytes (128-256 KiB of floats read) stays in L2 beside the inbox, and is a few
+// sendmsg calls' worth, so the coding of one piece overlaps the wire's draining of the last.
+constexpr size_t kStageBytes = 64 << 10;
 
 }  // namespace
 
@@ -86,8 +91,10 @@ uint32_t TcpLink::wanted_events() const {
 // ---------------------------------------------------------------------------------------------
 // Sending
 
-TcpLink::SendOp* TcpLink::enqueue_send(const void* src, size_t bytes, Completion* c, bool ready) {
+TcpLink::SendOp* TcpLink::enqueue_send(const void* src, size_t bytes, Completion* c, bool ready,
+                                        const Coded* coded) {
   SendOp op;
+  if (coded) op.coded = *coded;
   op.header.channel = static_cast<uint16_t>(channel_);
   op.header.payload_bytes = bytes;
   op.header.tag = tag();
@@ -141,7 +148,26 @@ void TcpLink::send(const void* src, size_t bytes, Completion* c) {
   enqueue_send(src, bytes, c);
 }
 
-size_t TcpLink::frame_iovecs(SendOp& op, size_t limit, iovec* iov, int* n) {
+void TcpLink::send_coded(const float* src, size_t count, Wire wire, Completion* c) {
+  if (failed_) throw Error("send on a failed link to rank " + std::to_string(peer_));
+  if (closed_by_peer_) peer_failed("closed the connection", closed_errno_);
+  const Coded coded{src, count, wire, ++next_coded_id_};
+  enqueue_send(nullptr, reduce::wire_bytes(wire, count), c, true, &coded);
+}
+
+void TcpLink::fill_stage(const SendOp& op, size_t at) {
+  if (!stage_) stage_ = std::make_unique_for_overwrite<char[]>(kStageBytes);
+  const reduce::WireLayout& l = reduce::wire_layout(op.coded.wire);
+  const size_t first = at / l.unit_bytes * l.unit_elems;
+  const size_t n = std::min(reduce::wire_elems_fitting(op.coded.wire, kStageBytes),
+                            op.coded.count - first);
+  reduce::wire_encode(stage_.get(), op.coded.src + first, n, op.coded.wire);
+  stage_id_ = op.coded.id;
+  stage_begin_ = at;
+  stage_end_ = at + reduce::wire_bytes(op.coded.wire, n);
+}
+
+size_t TcpLink::frame_iovecs(SendOp& op, size_t limit, iovec* iov, int* n, bool* more) {
   const size_t hdr = sizeof(FrameHeader);
   size_t bytes = 0;
   if (op.written < hdr) {
@@ -149,7 +175,14 @@ size_t TcpLink::frame_iovecs(SendOp& op, size_t limit, iovec* iov, int* n) {
     bytes += hdr - op.written;
   }
   const size_t from = std::max(op.written, hdr);
-  if (limit > from) {
+  if (limit > from && op.coded.src != nullptr) {
+    const size_t at = from - hdr;
+    if (stage_id_ != op.coded.id || at < stage_begin_ || at >= stage_end_) fill_stage(op, at);
+    const size_t end = std::min(limit - hdr, stage_end_);
+    iov[(*n)++] = {stage_.get() + (at - stage_begin_), end - at};
+    bytes += end - at;
+    if (more) *more = true;  // stage_ holds one piece: nothing else may join this sendmsg
+  } else if (limit > from) {
     iov[(*n)++] = {const_cast<char*>(op.data) + (from - hdr), limit - from};
     bytes += limit - from;
   }
@@ -168,8 +201,10 @@ void TcpLink::on_writable() {
     for (auto it = sends_.begin(); it != sends_.end() && n + 2 <= kMaxIov && total < budget; ++it) {
       const size_t limit = writable_prefix(*it);
       if (it->written >= limit) break;
-      total += frame_iovecs(*it, limit, iov, &n);
+      bool coded = false;
+      total += frame_iovecs(*it, limit, iov, &n, &coded);
       if (limit < sizeof(FrameHeader) + it->bytes) break;  // partly ready: nothing after it yet
+      if (coded) break;
     }
     msghdr msg{};
     msg.msg_iov = iov;
@@ -204,16 +239,8 @@ void TcpLink::on_writable() {
 // ---------------------------------------------------------------------------------------------
 // Receiving
 
-void TcpLink::post_recv(RecvKind kind, void* dst, const void* local, size_t bytes,
-                        const Reduction& r, Link* next, Completion* c) {
+void TcpLink::post_recv(RecvOp op, Link* next) {
   if (failed_) throw Error("receive on a failed link to rank " + std::to_string(peer_));
-  RecvOp op;
-  op.kind = kind;
-  op.dst = static_cast<char*>(dst);
-  op.local = static_cast<const char*>(local);
-  op.bytes = bytes;
-  op.red = r;
-  op.c = c;
   // The forward takes its place in next's queue now: frames leave in posting order.
   if (next) {
     op.next = dynamic_cast<TcpLink*>(next);
@@ -231,22 +258,63 @@ void TcpLink::post_recv(RecvKind kind, void* dst, const void* local, size_t byte
   owner_->update_interest(*this);
 }
 
+namespace {
+
+template <class RecvOp, class Kind>
+RecvOp make_recv(Kind kind, void* dst, const void* local, size_t bytes, const Reduction& r,
+                 Completion* c) {
+  RecvOp op;
+  op.kind = kind;
+  op.dst = static_cast<char*>(dst);
+  op.local = static_cast<const char*>(local);
+  op.bytes = bytes;
+  op.red = r;
+  op.c = c;
+  return op;
+}
+
+}  // namespace
+
 void TcpLink::recv(void* dst, size_t bytes, Completion* c) {
-  post_recv(RecvKind::plain, dst, nullptr, bytes, {}, nullptr, c);
+  post_recv(make_recv<RecvOp>(RecvKind::plain, dst, nullptr, bytes, {}, c), nullptr);
 }
 
 void TcpLink::recv_reduce(void* dst, const void* local, size_t bytes, const Reduction& r,
                           Completion* c) {
-  post_recv(RecvKind::reduce, dst, local, bytes, r, nullptr, c);
+  post_recv(make_recv<RecvOp>(RecvKind::reduce, dst, local, bytes, r, c), nullptr);
 }
 
 void TcpLink::recv_reduce_send(void* dst, const void* local, size_t bytes, const Reduction& r,
                                Link& next, bool /*keep: dst always holds it*/, Completion* c) {
-  post_recv(RecvKind::reduce_send, dst, local, bytes, r, &next, c);
+  post_recv(make_recv<RecvOp>(RecvKind::reduce_send, dst, local, bytes, r, c), &next);
 }
 
 void TcpLink::recv_copy_send(void* dst, size_t bytes, Link& next, Completion* c) {
-  post_recv(RecvKind::copy_send, dst, nullptr, bytes, {}, &next, c);
+  post_recv(make_recv<RecvOp>(RecvKind::copy_send, dst, nullptr, bytes, {}, c), &next);
+}
+
+void TcpLink::recv_coded(float* dst, const float* local, size_t count, Wire wire,
+                         Completion* c) {
+  RecvOp op = make_recv<RecvOp>(RecvKind::coded, dst, local, reduce::wire_bytes(wire, count),
+                                {}, c);
+  op.count = count;
+  op.wire = wire;
+  post_recv(op, nullptr);
+}
+
+size_t TcpLink::decode_from_inbox(RecvOp& op, size_t avail) {
+  const reduce::WireLayout& l = reduce::wire_layout(op.wire);
+  const size_t want = op.bytes - op.done;
+  // Whole units only, unless this is the message's end (its last block may be short).
+  const size_t take = avail >= want ? want : avail - avail % l.unit_bytes;
+  if (take == 0) return 0;
+  const size_t first = op.done / l.unit_bytes * l.unit_elems;
+  const size_t n = take == want ? op.count - first : take / l.unit_bytes * l.unit_elems;
+  auto* dst = reinterpret_cast<float*>(op.dst) + first;
+  const auto* local = reinterpret_cast<const float*>(op.local);
+  reduce::wire_decode(dst, local ? local + first : nullptr, inbox_.get() + inbox_begin_, n,
+                      op.wire);
+  return take;
 }
 
 void TcpLink::finish_recv() {
@@ -308,7 +376,9 @@ void TcpLink::drain_inbox() {
     }
     size_t want = op.bytes - op.done;
     size_t take = std::min(avail, want);
-    if (op.kind == RecvKind::reduce || op.kind == RecvKind::reduce_send) {
+    if (op.kind == RecvKind::coded) {
+      take = decode_from_inbox(op, avail);
+    } else if (op.kind == RecvKind::reduce || op.kind == RecvKind::reduce_send) {
       const size_t elem = dtype_size(op.red.dtype);
       take -= take % elem;
       if (take > 0 && (inbox_begin_ % elem) != 0) {

@@ -42,6 +42,11 @@ class TcpLink final : public Link {
   void recv_reduce_send(void* dst, const void* local, size_t bytes, const Reduction& r, Link& next,
                         bool keep, Completion* c) override;
   void recv_copy_send(void* dst, size_t bytes, Link& next, Completion* c) override;
+  // Coded: a send codes its next piece into the link's staging buffer when the socket has taken
+  // the last one (so a piece is coded while the previous one is still on the wire, and goes out
+  // from cache); a receive decodes (and adds) out of the inbox, like recv_reduce.
+  void send_coded(const float* src, size_t count, Wire wire, Completion* c) override;
+  void recv_coded(float* dst, const float* local, size_t count, Wire wire, Completion* c) override;
   // Forwards between a TCP link and another kind (shared memory): see Link. A frame whose bytes
   // are only partly ready goes out up to there (its header first), and nothing queued after it
   // goes before it is complete.
@@ -82,7 +87,14 @@ class TcpLink final : public Link {
   void fail(int code, int blamed_rank, const std::string& reason);
 
  private:
-  enum class RecvKind : uint8_t { plain, reduce, copy_send, reduce_send };
+  enum class RecvKind : uint8_t { plain, reduce, copy_send, reduce_send, coded };
+  // A coded send's source: its floats, coded into stage_ piece by piece (fill_stage).
+  struct Coded {
+    const float* src = nullptr;
+    size_t count = 0;
+    Wire wire = Wire::none;
+    uint64_t id = 0;  // tells stage_'s owner apart (deque slots are reused)
+  };
   struct SendOp {
     FrameHeader header;
     const char* data;
@@ -92,12 +104,16 @@ class TcpLink final : public Link {
     // Payload bytes final at data. A forward is queued at posting with none: it holds its place
     // (and everything queued after it) until its receive makes them ready.
     size_t ready;
+    Coded coded;  // coded.src set: a coded send (data is null; bytes are wire bytes)
   };
   // How much of op's frame (header + payload) may be written now.
   static size_t writable_prefix(const SendOp& op);
   // Appends to iov[*n] the (at most two) pieces of op's frame from what is written up to `limit`
-  // (header, then payload); returns the bytes they cover.
-  static size_t frame_iovecs(SendOp& op, size_t limit, iovec* iov, int* n);
+  // (header, then payload); returns the bytes they cover. A coded send's payload comes from
+  // stage_, one piece at a time: *more is set when its frame goes on beyond that piece.
+  size_t frame_iovecs(SendOp& op, size_t limit, iovec* iov, int* n, bool* more = nullptr);
+  // Codes the piece of op's payload that starts at byte `at` (a unit boundary) into stage_.
+  void fill_stage(const SendOp& op, size_t at);
   // On failure: writes the rest of the front frame if it can at once (fail() explains).
   void finish_frame_for_notice();
   struct RecvOp {
@@ -112,12 +128,18 @@ class TcpLink final : public Link {
     Link* xnext = nullptr;    // a forward on another kind of link
     void* xfwd = nullptr;     // its place in xnext's queue
     Completion* c = nullptr;
+    // RecvKind::coded: floats into dst (added to `local` when it is set), coded as `wire`.
+    size_t count = 0;
+    Wire wire = Wire::none;
   };
 
-  void post_recv(RecvKind kind, void* dst, const void* local, size_t bytes, const Reduction& r,
-                 Link* next, Completion* c);
+  // Queues op (its kind, buffers, bytes, reduction and completion filled in); next: a forward.
+  void post_recv(RecvOp op, Link* next);
   // Queues a frame; a forward is queued not ready, at posting, and released by its receive.
-  SendOp* enqueue_send(const void* src, size_t bytes, Completion* c, bool ready = true);
+  SendOp* enqueue_send(const void* src, size_t bytes, Completion* c, bool ready = true,
+                       const Coded* coded = nullptr);
+  // Decodes what the inbox holds of a coded receive's frame; returns the bytes it took.
+  size_t decode_from_inbox(RecvOp& op, size_t avail);
   void set_ready(SendOp* f, size_t ready);
   // A receive's bytes up to op.done are final in dst: a forward on another kind may take them.
   static void pass_on(RecvOp& op) {
@@ -151,6 +173,14 @@ class TcpLink final : public Link {
 
   std::deque<SendOp> sends_;
   std::deque<RecvOp> recvs_;
+
+  // Coded sends' staging: payload bytes [stage_begin_, stage_end_) of the send whose Coded::id
+  // is stage_id_, coded and not yet all written.
+  std::unique_ptr<char[]> stage_;
+  uint64_t stage_id_ = 0;
+  size_t stage_begin_ = 0;
+  size_t stage_end_ = 0;
+  uint64_t next_coded_id_ = 0;
 
   // Bytes read from the socket but not yet consumed: frame headers, small payloads, and the
   // incoming side of reductions (reduced straight out of here while still in cache).
