@@ -6,6 +6,11 @@ Trains a small MLP on scikit-learn's handwritten digits (1797 8x8 images, 10 cla
     build/tools/ringrun -n 4 python3 examples/train_ddp.py --backend ringreduce
     build/tools/ringrun -n 4 python3 examples/train_ddp.py --backend gloo
     python3 examples/train_ddp.py                 # one process, no process group
+    build/tools/ringrun -n 4 python3 examples/train_ddp.py --hook fp8-ef   # gradients as fp8
+
+--hook sends the gradients compressed: fp16 (torch's fp16_compress_hook), powersgd (torch's
+PowerSGD, rank 2), or ringreduce's wire formats (ringreduce.torch.hooks.wire_hook, ringreduce
+backend only: bf16, f16, fp8, each with -ef for error feedback); docs/WIRE.md compares them.
 
 Synchronous data-parallel SGD here is, up to float rounding, the same computation as
 single-process SGD: every rank walks the same global batches (size --batch, seeded shuffle
@@ -16,7 +21,9 @@ checks that the final parameters at 2 and 4 ranks match one process.
 
 Rank 0 prints, per epoch, the mean training loss, the test accuracy and the median time of
 one training step (forward + backward with DDP's gradient allreduce + optimizer step), and
-at the end a line `final: backend=... ranks=... test_accuracy=... step_ms_median=...`.
+at the end a line `final: backend=... ranks=... test_accuracy=... step_ms_median=...
+time_to_target_s=...` (the training time, steps only, until the test accuracy first reached
+--target at an epoch's end; nan if it never did).
 """
 
 import os
@@ -67,7 +74,33 @@ def parse_args():
     p.add_argument("--steps", type=int, default=None, help="stop after this many optimizer steps")
     p.add_argument("--save", default=None, help="rank 0 saves the flattened final parameters (.npy)")
     p.add_argument("--quiet", action="store_true", help="print only the final line")
+    p.add_argument("--hook", default="none",
+                   choices=["none", "fp16", "powersgd", "bf16", "bf16-ef", "f16", "f16-ef", "fp8",
+                            "fp8-ef"],
+                   help="DDP communication hook (default none: float32 gradients)")
+    p.add_argument("--target", type=float, default=0.95,
+                   help="test accuracy whose first epoch time_to_target_s reports")
     return p.parse_args()
+
+
+def register_hook(model, name, backend):
+    """DDP's gradients compressed by `name` (--hook)."""
+    if name == "none":
+        return
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    if name == "fp16":
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif name == "powersgd":
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=2,
+                                            start_powerSGD_iter=2)
+        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    else:
+        if backend != "ringreduce":
+            sys.exit(f"--hook {name}: ringreduce's wire formats need --backend ringreduce")
+        from ringreduce.torch.hooks import wire_hook
+        wire, _, ef = name.partition("-")
+        model.register_comm_hook(None, wire_hook(wire, error_feedback=bool(ef)))
 
 
 def load_data():
@@ -105,6 +138,8 @@ def main():
     net = torch.nn.Sequential(
         torch.nn.Linear(64, args.hidden), torch.nn.ReLU(), torch.nn.Linear(args.hidden, 10))
     model = torch.nn.parallel.DistributedDataParallel(net) if distributed else net
+    if distributed:
+        register_hook(model, args.hook, args.backend)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
 
     def log(*a):
@@ -118,7 +153,7 @@ def main():
     log(f"backend={args.backend if distributed else 'none'} ranks={world} "
         f"global_batch={args.batch} local_batch={local} train={len(ytr)} test={len(yte)}")
     batches = len(ytr) // args.batch  # the last partial batch is dropped
-    all_ms, step, acc = [], 0, 0.0
+    all_ms, step, acc, to_target = [], 0, 0.0, float("nan")
     for epoch in range(args.epochs):
         order = torch.from_numpy(np.random.RandomState(SEED + 1 + epoch).permutation(len(ytr)))
         loss_sum, ms = torch.zeros(1, dtype=torch.float64), []
@@ -142,6 +177,8 @@ def main():
         train_loss = loss_sum.item() / world / len(ms)
         all_ms += ms
         acc = accuracy() if rank == 0 else 0.0
+        if acc >= args.target and to_target != to_target:
+            to_target = sum(all_ms) / 1e3
         log(f"epoch {epoch + 1:3d}  steps {len(ms):3d}  train_loss {train_loss:.4f}  "
             f"test_acc {acc:.4f}  step_ms_median {statistics.median(ms):.3f}")
 
@@ -149,7 +186,8 @@ def main():
     if rank == 0:
         print(f"final: backend={args.backend if distributed else 'none'} ranks={world} "
               f"steps={step} test_accuracy={acc:.4f} "
-              f"step_ms_median={statistics.median(steady) if steady else float('nan'):.3f}",
+              f"step_ms_median={statistics.median(steady) if steady else float('nan'):.3f} "
+              f"hook={args.hook} time_to_target_s={to_target:.3f}",
               flush=True)
         if args.save:
             np.save(args.save, flat_params(net))

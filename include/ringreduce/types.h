@@ -61,6 +61,10 @@ RINGREDUCE_API const char* wire_name(
     Wire w);  // "none", "bf16", "f16", "fp8e4m3", "fp8e5m2", "auto"
 // Accepts those names (and "off", "f32", "fp8" for fp8e4m3); false if unknown.
 RINGREDUCE_API bool parse_wire(const std::string& name, Wire* out);
+// dst = src as coding it in format w (not none or automatic) and decoding it gives back, blocks
+// of the scaled formats counted from src (dst may be src): what a coded collective does to a
+// block of a rank's input, for error feedback (ringreduce.torch.hooks), tests and checkers.
+RINGREDUCE_API void wire_round(Wire w, const float* src, float* dst, size_t count);
 
 template <typename T>
 struct DataTypeOf;

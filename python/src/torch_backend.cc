@@ -195,6 +195,45 @@ PYBIND11_MODULE(_torch_backend, m) {
       py::arg("backend"), py::arg("flag") = true, py::call_guard<py::gil_scoped_release>(),
       "agree(backend, flag): Communicator.agree on the backend's communicator: (the AND of every "
       "survivor's flag, the ranks taken as failed), the same on every survivor.");
+  m.def(
+      "allreduce_wire",
+      [](const c10::intrusive_ptr<ringreduce::torch_backend::Base>& backend, at::Tensor tensor,
+         const std::string& wire, bool average) {
+        auto* group = dynamic_cast<RingreduceGroup*>(backend.get());
+        if (group == nullptr)
+          throw ringreduce::InvalidArgument(
+              "allreduce_wire: not a ringreduce process group or backend");
+        ringreduce::Wire w;
+        if (!ringreduce::parse_wire(wire, &w))
+          throw ringreduce::InvalidArgument("allreduce_wire: '" + wire +
+                                            "' is not a wire format (none, bf16, f16, fp8e4m3, "
+                                            "fp8e5m2, auto)");
+        c10d::AllreduceOptions opts;
+        opts.reduceOp = average ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM;
+        std::vector<at::Tensor> tensors{std::move(tensor)};
+        return group->allreduce_coded(tensors, opts, w);
+      },
+      py::arg("backend"), py::arg("tensor"), py::arg("wire"), py::arg("average") = true,
+      py::call_guard<py::gil_scoped_release>(),
+      "allreduce_wire(backend, tensor, wire, average=True): the backend's allreduce (average or "
+      "sum) of a float32 tensor in place with a narrow wire format; returns its Work.");
+  m.def(
+      "wire_round",
+      [](at::Tensor tensor, const std::string& wire) {
+        ringreduce::Wire w;
+        if (!ringreduce::parse_wire(wire, &w) || w == ringreduce::Wire::none ||
+            w == ringreduce::Wire::automatic)
+          throw ringreduce::InvalidArgument("wire_round: '" + wire +
+                                            "' is not a format (bf16, f16, fp8e4m3, fp8e5m2)");
+        if (tensor.scalar_type() != at::kFloat || !tensor.is_contiguous() || !tensor.is_cpu())
+          throw ringreduce::InvalidArgument(
+              "wire_round: a contiguous float32 CPU tensor, rounded in place");
+        float* p = tensor.data_ptr<float>();
+        ringreduce::wire_round(w, p, p, static_cast<size_t>(tensor.numel()));
+      },
+      py::arg("tensor"), py::arg("wire"), py::call_guard<py::gil_scoped_release>(),
+      "wire_round(tensor, wire): in place, what coding a float32 tensor in a wire format and "
+      "decoding it gives (scaled formats' blocks counted from its first element).");
 #ifdef C10D_BACKEND_HAS_RECONFIGURE
   m.attr("FAULT_TOLERANCE") = true;
 #else

@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -119,6 +120,13 @@ class RingreduceGroup : public Base {
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
+    return allreduce_coded(tensors, opts, std::nullopt);
+  }
+  // allreduce with a wire format (CallOptions::wire): what ringreduce.torch.hooks' wire_hook
+  // calls, since torch.distributed's all_reduce has no place for one.
+  c10::intrusive_ptr<c10d::Work> allreduce_coded(std::vector<at::Tensor>& tensors,
+                                                 const c10d::AllreduceOptions& opts,
+                                                 std::optional<rr::Wire> wire) {
     const Call c{rank_, "allreduce"};
     check(tensors.size() == 1, c,
           "expects one tensor per rank, got " + std::to_string(tensors.size()));
@@ -127,7 +135,8 @@ class RingreduceGroup : public Base {
     check_tensor(user, c);
     const Elems e = reduce_elems(user, opts.reduceOp, c);
     const Reduction r = reduction(opts.reduceOp, c);
-    const rr::CallOptions call = call_options(opts.timeout, r.premul_factor);
+    rr::CallOptions call = call_options(opts.timeout, r.premul_factor);
+    call.wire = wire;
     Staging staging;
     at::Tensor t = staging.inout(user);
     if (t.nbytes() <= kInlineBytes && !t_completing) {

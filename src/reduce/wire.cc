@@ -85,6 +85,18 @@ void wire_round(float* dst, const float* src, size_t count, Wire w) {
   if (count > 0) table().wire_round[static_cast<int>(w)](dst, src, count);
 }
 
+}  // namespace ringreduce::reduce
+
+namespace ringreduce {
+
+void wire_round(Wire w, const float* src, float* dst, size_t count) {
+  reduce::wire_round(dst, src, count, w);
+}
+
+}  // namespace ringreduce
+
+namespace ringreduce::reduce {
+
 int wire_block_exponent(Wire w, float amax) {
   if (!wire_layout(w).scaled) return 0;
   const ScaleRule r = scale_rule(w);

@@ -145,6 +145,31 @@ check("async result()", w1.result(), a)
 comm.barrier()
 comm.barrier_async().wait()
 
+# Narrow wire formats (docs/WIRE.md): small integers code exactly in every format, so float32
+# sums of them come out exact; a call a format cannot serve is refused, naming rank and call.
+for w in ("bf16", "f16", "fp8e4m3", "fp8e5m2", "fp8", "auto", "none"):
+    a = np.full(1000, R + 1, dtype=np.float32)
+    comm.allreduce(a, op="sum", wire=w)
+    check(f"allreduce wire={w}", a, np.full(1000, N * (N + 1) // 2, dtype=np.float32))
+    rs = np.zeros(300, dtype=np.float32)
+    comm.reduce_scatter(np.full(300 * N, 2.0, dtype=np.float32), rs, op="avg", wire=w)
+    check(f"reduce_scatter wire={w}", rs, np.full(300, 2.0, dtype=np.float32))
+    ag = np.zeros(5 * N, dtype=np.float32)
+    comm.allgather(np.full(5, float(R), dtype=np.float32), ag, wire=w)
+    check(f"allgather wire={w}", ag, np.repeat(np.arange(N, dtype=np.float32), 5))
+for bad_call, name in ((lambda: comm.allreduce(np.ones(4, np.int32), wire="bf16"), "allreduce"),
+                       (lambda: comm.allreduce(np.ones(4, np.float32), op="max", wire="fp8"),
+                        "allreduce"),
+                       (lambda: comm.allreduce(np.ones(4, np.float32), wire="fp4"), "allreduce")):
+    checks += 1
+    try:
+        bad_call()
+        failures.append(f"wire refusal of {name}: no error")
+    except ringreduce.InvalidArgument as e:
+        if f"rank {R}" not in str(e) or name not in str(e):
+            failures.append(f"wire refusal: {e}")
+print(f"wire ok rank {R}", flush=True)
+
 # CPU torch tensors, used in place through their data pointers (when torch is installed).
 try:
     import torch
