@@ -245,8 +245,7 @@ struct Bench {
 
   // Whether a call of this row may run coded (Tuner::wire_applies): float32, sum-like.
   bool coded() const {
-    const bool summing =
-        op == ReduceOp::sum || op == ReduceOp::avg || op == ReduceOp::premul_sum;
+    const bool summing = op == ReduceOp::sum || op == ReduceOp::avg || op == ReduceOp::premul_sum;
     return args.wire_set && args.wire != Wire::none && dtype == DataType::f32 &&
            (args.coll == Coll::allgather ||
             (summing && (args.coll == Coll::allreduce || args.coll == Coll::reduce_scatter)));
@@ -517,11 +516,10 @@ int main(int argc, char** argv) {
             "#  Wire %s: float32 allreduce, reduce_scatter, allgather coded; an allreduce's "
             "result is checked to be within %g x (sum of |inputs| + |result|) of the exact one\n",
             wire_name(args.wire),
-            args.wire == Wire::none ? 0.0
-                                    : reduce::wire_layout(args.wire == Wire::automatic
-                                                              ? Wire::bf16
-                                                              : args.wire)
-                                          .roundoff);
+            args.wire == Wire::none
+                ? 0.0
+                : reduce::wire_layout(args.wire == Wire::automatic ? Wire::bf16 : args.wire)
+                      .roundoff);
       std::printf("#  Buffers in %s memory%s\n#\n",
                   args.device       ? "device"
                   : args.registered ? "registered host"

@@ -166,8 +166,9 @@ class PyComm {
       rr::Wire w;
       if (!rr::parse_wire(*wire, &w))
         bad_argument(&c, call,
-                     "wire='" + *wire + "' is not a wire format (none, bf16, f16, fp8e4m3, "
-                     "fp8e5m2, auto)");
+                     "wire='" + *wire +
+                         "' is not a wire format (none, bf16, f16, fp8e4m3, "
+                         "fp8e5m2, auto)");
       opts.wire = w;
     }
     place(opts, send, recv);

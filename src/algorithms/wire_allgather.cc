@@ -17,7 +17,8 @@ void wire_allgather(Context& ctx, const Args& a) {
   reduce::wire_round(own, in, count, a.wire);  // in place when the input is our block
   if (ctx.size == 1 || count == 0) return;
   transport::Completion done;
-  post_coded_sends(ctx, out, a.wire, [&](int) { return block(ctx.rank); }, &done);
+  post_coded_sends(
+      ctx, out, a.wire, [&](int) { return block(ctx.rank); }, &done);
   post_coded_recvs(ctx, out, /*add=*/false, a.wire, block, &done);
   ctx.wait(done);
 }

@@ -29,7 +29,8 @@ void wire_allreduce(Context& ctx, const Args& a) {
   transport::Completion sent, summed, gathered;
   post_coded_sends(ctx, in, a.wire, block, &sent);
   // Every peer's share of our block, added to it.
-  post_coded_recvs(ctx, out, /*add=*/true, a.wire, [&](int) { return mine; }, &summed);
+  post_coded_recvs(
+      ctx, out, /*add=*/true, a.wire, [&](int) { return mine; }, &summed);
   ctx.wait(summed);
   float* own = out + mine.offset;
   if (a.op == ReduceOp::avg)
@@ -41,7 +42,8 @@ void wire_allreduce(Context& ctx, const Args& a) {
   // In place, a peer's block is overwritten while our coded send of it may still be queued: but
   // the peer sends its block only once it has received all of ours, which the link coded (read)
   // before it could arrive.
-  post_coded_sends(ctx, out, a.wire, [&](int) { return mine; }, &gathered);
+  post_coded_sends(
+      ctx, out, a.wire, [&](int) { return mine; }, &gathered);
   post_coded_recvs(ctx, out, /*add=*/false, a.wire, block, &gathered);
   ctx.wait(gathered);
   ctx.wait(sent);

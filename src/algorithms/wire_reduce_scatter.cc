@@ -21,8 +21,12 @@ void wire_reduce_scatter(Context& ctx, const Args& a) {
   transport::Completion sent, summed;
   post_coded_sends(ctx, in, a.wire, block, &sent);
   // Every peer's share lands on `out` (offset 0), not at its block in the input.
-  post_coded_recvs(ctx, out, /*add=*/true, a.wire, [count](int) { return Range{0, count}; },
-                   &summed);
+  post_coded_recvs(
+      ctx, out, /*add=*/true, a.wire,
+      [count](int) {
+        return Range{0, count};
+      },
+      &summed);
   ctx.wait(summed);
   if (a.op == ReduceOp::avg)
     reduce::divide(out, out, count, DataType::f32, static_cast<uint64_t>(ctx.size));

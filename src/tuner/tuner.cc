@@ -111,8 +111,8 @@ double Tuner::predict_coded(Collective kind, size_t bytes, Wire w) const {
   if (n <= 1) return 0;
   const Costs& c = in_.costs;
   const double k = static_cast<double>(bytes);
-  const double ratio = static_cast<double>(reduce::wire_bytes(w, bytes / sizeof(float))) /
-                       std::max(k, 1.0);
+  const double ratio =
+      static_cast<double>(reduce::wire_bytes(w, bytes / sizeof(float))) / std::max(k, 1.0);
   // Per phase: N-1 messages in flight at once (one alpha each on the sender's side), and a share
   // of the buffer ((N-1)/N of it for an allreduce, N-1 blocks for the others) coded through the
   // links, coded and decoded (and added) once each: codec is both, the add included.

@@ -56,8 +56,8 @@ struct Bound {
   Wire w;
   std::vector<int> k_in;  // per rank
   int k_out = 0;
-  double operator()(const std::vector<std::vector<float>>& in, size_t i, double exact,
-                    bool rounded, double divisor) const {
+  double operator()(const std::vector<std::vector<float>>& in, size_t i, double exact, bool rounded,
+                    double divisor) const {
     double b = 0, mag = 0;
     for (size_t r = 0; r < in.size(); ++r) {
       b += rr::wire_error_bound(w, in[r][i], k_in[r]);
@@ -130,8 +130,8 @@ TEST_P(WireCollectives, AllreduceWithinOneRoundingPerInputAndResultOnEveryRank) 
           const double err = std::fabs(static_cast<double>(results[0][i]) - exact[i]);
           ASSERT_LE(err, bound(cut, i, exact[i], true, div))
               << ringreduce::wire_name(w) << " N=" << n << " count " << count << " "
-              << ringreduce::op_name(op) << " element " << i << ": " << results[0][i]
-              << " against " << exact[i];
+              << ringreduce::op_name(op) << " element " << i << ": " << results[0][i] << " against "
+              << exact[i];
           for (int r = 1; r < n; ++r)
             ASSERT_EQ(std::memcmp(&results[r][i], &results[0][i], 4), 0)
                 << "rank " << r << " differs from rank 0 at element " << i;
@@ -310,8 +310,7 @@ TEST_P(WireOverEachTransport, TheSettingAppliesToTheCallsItCanAndLeavesTheOthers
       s);
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, WireOverEachTransport,
-                         ::testing::Values("shm", "tcp", "mix"),
+INSTANTIATE_TEST_SUITE_P(Transports, WireOverEachTransport, ::testing::Values("shm", "tcp", "mix"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

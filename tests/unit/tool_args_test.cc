@@ -147,6 +147,11 @@ TEST(PerfArgs, RingreduceOwnOptionsAreLong) {
   ASSERT_EQ(r.kind, perf::Parsed::Kind::run) << r.error;
   EXPECT_TRUE(r.args.registered);
   EXPECT_FALSE(r.args.device);
+  const auto w = perf_parse({"allreduce", "--wire", "fp8"});
+  ASSERT_EQ(w.kind, perf::Parsed::Kind::run) << w.error;
+  EXPECT_TRUE(w.args.wire_set);
+  EXPECT_EQ(w.args.wire, ringreduce::Wire::fp8e4m3);
+  EXPECT_FALSE(r.args.wire_set);  // unset: RINGREDUCE_WIRE decides
 
   const auto c = perf_parse({"--calibrate", "/tmp/costs"});
   ASSERT_EQ(c.kind, perf::Parsed::Kind::calibrate) << c.error;
@@ -226,6 +231,7 @@ TEST(PerfArgs, EveryBadValueIsRefusedByName) {
       // -M was ringreduce-perf's host/device switch; in nccl-tests it is --memory_report.
       {{"allreduce", "-M", "device"}, "--buffers device"},
       {{"allreduce", "-G", "1"}, "-G (nccl-tests' --cudagraph) is not supported"},
+      {{"allreduce", "--wire", "fp4"}, "--wire takes a wire format: none, bf16, f16, fp8e4m3"},
       {{"allreduce", "--calibrate", "f"}, "--calibrate FILE takes no collective"},
       {{"--calibrate", "f", "-n", "3"}, "--calibrate FILE takes no collective and no other"},
   };

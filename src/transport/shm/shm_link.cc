@@ -108,8 +108,7 @@ void ShmLink::send_coded(const float* src, size_t count, Wire wire, Completion* 
   if (sends_.size() == 1) progress();
 }
 
-void ShmLink::recv_coded(float* dst, const float* local, size_t count, Wire wire,
-                         Completion* c) {
+void ShmLink::recv_coded(float* dst, const float* local, size_t count, Wire wire, Completion* c) {
   const Coded coded{local, count, wire};
   post_recv(RecvKind::coded, dst, local, reduce::wire_bytes(wire, count), {}, nullptr, true, c,
             &coded);

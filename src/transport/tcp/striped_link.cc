@@ -38,9 +38,8 @@ void StripedLink::for_each_coded_stripe(size_t count, Wire wire, Fn&& fn) const 
 }
 
 void StripedLink::send_coded(const float* src, size_t count, Wire wire, Completion* c) {
-  for_each_coded_stripe(count, wire, [&](TcpLink& w, size_t off, size_t n) {
-    w.send_coded(src + off, n, wire, c);
-  });
+  for_each_coded_stripe(
+      count, wire, [&](TcpLink& w, size_t off, size_t n) { w.send_coded(src + off, n, wire, c); });
 }
 
 void StripedLink::recv_coded(float* dst, const float* local, size_t count, Wire wire,

@@ -92,7 +92,7 @@ uint32_t TcpLink::wanted_events() const {
 // Sending
 
 TcpLink::SendOp* TcpLink::enqueue_send(const void* src, size_t bytes, Completion* c, bool ready,
-                                        const Coded* coded) {
+                                       const Coded* coded) {
   SendOp op;
   if (coded) op.coded = *coded;
   op.header.channel = static_cast<uint16_t>(channel_);
@@ -159,8 +159,8 @@ void TcpLink::fill_stage(const SendOp& op, size_t at) {
   if (!stage_) stage_ = std::make_unique_for_overwrite<char[]>(kStageBytes);
   const reduce::WireLayout& l = reduce::wire_layout(op.coded.wire);
   const size_t first = at / l.unit_bytes * l.unit_elems;
-  const size_t n = std::min(reduce::wire_elems_fitting(op.coded.wire, kStageBytes),
-                            op.coded.count - first);
+  const size_t n =
+      std::min(reduce::wire_elems_fitting(op.coded.wire, kStageBytes), op.coded.count - first);
   reduce::wire_encode(stage_.get(), op.coded.src + first, n, op.coded.wire);
   stage_id_ = op.coded.id;
   stage_begin_ = at;
@@ -293,10 +293,9 @@ void TcpLink::recv_copy_send(void* dst, size_t bytes, Link& next, Completion* c)
   post_recv(make_recv<RecvOp>(RecvKind::copy_send, dst, nullptr, bytes, {}, c), &next);
 }
 
-void TcpLink::recv_coded(float* dst, const float* local, size_t count, Wire wire,
-                         Completion* c) {
-  RecvOp op = make_recv<RecvOp>(RecvKind::coded, dst, local, reduce::wire_bytes(wire, count),
-                                {}, c);
+void TcpLink::recv_coded(float* dst, const float* local, size_t count, Wire wire, Completion* c) {
+  RecvOp op =
+      make_recv<RecvOp>(RecvKind::coded, dst, local, reduce::wire_bytes(wire, count), {}, c);
   op.count = count;
   op.wire = wire;
   post_recv(op, nullptr);
