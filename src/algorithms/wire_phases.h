@@ -27,35 +27,37 @@ inline int wire_from(const Context& ctx, int d) {
   return (ctx.rank + ctx.size - d) % ctx.size;
 }
 
-// Posts, for every peer p and channel, a send of block(p) of `src` (coded) on p's link; block(p)
-// is p's Range of elements, cut further between the channels.
-template <class Block>
-void post_coded_sends(Context& ctx, const float* src, Wire wire, Block&& block,
-                      transport::Completion* done) {
+// Calls fn(link, offset, count) for every peer p (in the order wire_to, or wire_from when not
+// `sending`) and channel: block(p) is p's Range of elements, cut further between the channels.
+template <class Block, class Fn>
+void for_each_peer_part(Context& ctx, bool sending, Block&& block, Fn&& fn) {
   for (int d = 1; d < ctx.size; ++d) {
-    const int to = wire_to(ctx, d);
-    const Range b = block(to);
+    const int peer = sending ? wire_to(ctx, d) : wire_from(ctx, d);
+    const Range b = block(peer);
     for (int ch = 0; ch < ctx.channels; ++ch) {
       const Range p = split(b.count, static_cast<size_t>(ctx.channels), static_cast<size_t>(ch));
-      ctx.link(to, ch).send_coded(src + b.offset + p.offset, p.count, wire, done);
+      fn(ctx.link(peer, ch), b.offset + p.offset, p.count);
     }
   }
 }
 
-// Posts, for every peer p and channel, a receive of p's coded block into dst at block(p):
-// added to what is there when `add`, else written.
+// Posts, for every peer p, a send of block(p) of `src`, coded.
+template <class Block>
+void post_coded_sends(Context& ctx, const float* src, Wire wire, Block&& block,
+                      transport::Completion* done) {
+  for_each_peer_part(ctx, true, block, [&](transport::Link& l, size_t at, size_t n) {
+    l.send_coded(src + at, n, wire, done);
+  });
+}
+
+// Posts, for every peer p, a receive of p's coded block into dst at block(p): added to what is
+// there when `add`, else written.
 template <class Block>
 void post_coded_recvs(Context& ctx, float* dst, bool add, Wire wire, Block&& block,
                       transport::Completion* done) {
-  for (int d = 1; d < ctx.size; ++d) {
-    const int from = wire_from(ctx, d);
-    const Range b = block(from);
-    for (int ch = 0; ch < ctx.channels; ++ch) {
-      const Range p = split(b.count, static_cast<size_t>(ctx.channels), static_cast<size_t>(ch));
-      float* d0 = dst + b.offset + p.offset;
-      ctx.link(from, ch).recv_coded(d0, add ? d0 : nullptr, p.count, wire, done);
-    }
-  }
+  for_each_peer_part(ctx, false, block, [&](transport::Link& l, size_t at, size_t n) {
+    l.recv_coded(dst + at, add ? dst + at : nullptr, n, wire, done);
+  });
 }
 
 }  // namespace ringreduce::algorithms

@@ -39,6 +39,34 @@ inline size_t wire_offset(Wire w, size_t elems) {
   return wire_bytes(w, elems);
 }
 
+// A piece of a coded message of `count` floats: its first float and how many.
+struct WirePiece {
+  size_t first;
+  size_t count;
+};
+// What a sender codes next: the piece that starts at byte `done` (a unit boundary) and fills at
+// most `room` bytes with whole units (at least one), or the message's rest.
+inline WirePiece wire_next_piece(Wire w, size_t done, size_t count, size_t room) {
+  const WireLayout& l = wire_layout(w);
+  const size_t first = done / l.unit_bytes * l.unit_elems;
+  const size_t fits = wire_elems_fitting(w, room);
+  return {first, count - first < fits ? count - first : fits};
+}
+// What a receiver decodes: the floats in `bytes` at byte `done` of a message of `count` floats
+// and `total` bytes, which hold whole units or the message's rest. {0, 0} when they do not (a
+// piece cut inside a unit: the caller's error).
+inline WirePiece wire_received_piece(Wire w, size_t done, size_t bytes, size_t count,
+                                     size_t total) {
+  const WireLayout& l = wire_layout(w);
+  const size_t first = done / l.unit_bytes * l.unit_elems;
+  if (done + bytes == total) {
+    if (wire_bytes(w, count - first) != bytes) return {0, 0};
+    return {first, count - first};
+  }
+  if (bytes % l.unit_bytes != 0) return {0, 0};
+  return {first, bytes / l.unit_bytes * l.unit_elems};
+}
+
 // Codes count floats into dst (wire_bytes(w, count) bytes), from a unit boundary.
 void wire_encode(void* dst, const float* src, size_t count, Wire w);
 // dst = decoded src (local null) or local + decoded src (dst may be local), count floats.

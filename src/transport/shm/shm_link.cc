@@ -115,16 +115,12 @@ void ShmLink::recv_coded(float* dst, const float* local, size_t count, Wire wire
 }
 
 void ShmLink::decode_piece(RecvOp& op, const char* src, size_t n) {
-  const reduce::WireLayout& l = reduce::wire_layout(op.coded.wire);
-  const bool last = op.done + n == op.bytes;
+  const reduce::WirePiece p =
+      reduce::wire_received_piece(op.coded.wire, op.done, n, op.coded.count, op.bytes);
   // The sender cuts between units; a piece that does not is not ours to decode.
-  if (!last && n % l.unit_bytes != 0) peer_failed("sent a coded piece that splits a block");
-  const size_t first = op.done / l.unit_bytes * l.unit_elems;
-  const size_t count = last ? op.coded.count - first : n / l.unit_bytes * l.unit_elems;
-  if (last && reduce::wire_bytes(op.coded.wire, count) != n)
-    peer_failed("sent a coded message of the wrong length");
-  auto* dst = reinterpret_cast<float*>(op.dst) + first;
-  reduce::wire_decode(dst, op.coded.local ? op.coded.local + first : nullptr, src, count,
+  if (p.count == 0 && n > 0) peer_failed("sent a coded piece that splits a block");
+  auto* dst = reinterpret_cast<float*>(op.dst) + p.first;
+  reduce::wire_decode(dst, op.coded.local ? op.coded.local + p.first : nullptr, src, p.count,
                       op.coded.wire);
 }
 
@@ -230,13 +226,11 @@ bool ShmLink::progress_sends() {
     size_t n;
     if (op.coded.wire != Wire::none) {
       // Coded straight into the slot, as many whole units as it holds.
-      const reduce::WireLayout& l = reduce::wire_layout(op.coded.wire);
-      const size_t first = op.done / l.unit_bytes * l.unit_elems;
-      const size_t count =
-          std::min(reduce::wire_elems_fitting(op.coded.wire, kSlotBytes), op.coded.count - first);
-      const auto* src = reinterpret_cast<const float*>(op.src) + first;
-      reduce::wire_encode(out_slot(), src, count, op.coded.wire);
-      n = reduce::wire_bytes(op.coded.wire, count);
+      const reduce::WirePiece p =
+          reduce::wire_next_piece(op.coded.wire, op.done, op.coded.count, kSlotBytes);
+      const auto* src = reinterpret_cast<const float*>(op.src) + p.first;
+      reduce::wire_encode(out_slot(), src, p.count, op.coded.wire);
+      n = reduce::wire_bytes(op.coded.wire, p.count);
       commit_out(op.tag, op.bytes, op.done == 0, n);
     } else {
       n = std::min(kSlotBytes, op.ready - op.done);

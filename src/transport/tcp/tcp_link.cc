@@ -157,14 +157,12 @@ void TcpLink::send_coded(const float* src, size_t count, Wire wire, Completion* 
 
 void TcpLink::fill_stage(const SendOp& op, size_t at) {
   if (!stage_) stage_ = std::make_unique_for_overwrite<char[]>(kStageBytes);
-  const reduce::WireLayout& l = reduce::wire_layout(op.coded.wire);
-  const size_t first = at / l.unit_bytes * l.unit_elems;
-  const size_t n =
-      std::min(reduce::wire_elems_fitting(op.coded.wire, kStageBytes), op.coded.count - first);
-  reduce::wire_encode(stage_.get(), op.coded.src + first, n, op.coded.wire);
+  const reduce::WirePiece p =
+      reduce::wire_next_piece(op.coded.wire, at, op.coded.count, kStageBytes);
+  reduce::wire_encode(stage_.get(), op.coded.src + p.first, p.count, op.coded.wire);
   stage_id_ = op.coded.id;
   stage_begin_ = at;
-  stage_end_ = at + reduce::wire_bytes(op.coded.wire, n);
+  stage_end_ = at + reduce::wire_bytes(op.coded.wire, p.count);
 }
 
 size_t TcpLink::frame_iovecs(SendOp& op, size_t limit, iovec* iov, int* n, bool* more) {
@@ -307,11 +305,11 @@ size_t TcpLink::decode_from_inbox(RecvOp& op, size_t avail) {
   // Whole units only, unless this is the message's end (its last block may be short).
   const size_t take = avail >= want ? want : avail - avail % l.unit_bytes;
   if (take == 0) return 0;
-  const size_t first = op.done / l.unit_bytes * l.unit_elems;
-  const size_t n = take == want ? op.count - first : take / l.unit_bytes * l.unit_elems;
-  auto* dst = reinterpret_cast<float*>(op.dst) + first;
+  const reduce::WirePiece p =
+      reduce::wire_received_piece(op.wire, op.done, take, op.count, op.bytes);
+  auto* dst = reinterpret_cast<float*>(op.dst) + p.first;
   const auto* local = reinterpret_cast<const float*>(op.local);
-  reduce::wire_decode(dst, local ? local + first : nullptr, inbox_.get() + inbox_begin_, n,
+  reduce::wire_decode(dst, local ? local + p.first : nullptr, inbox_.get() + inbox_begin_, p.count,
                       op.wire);
   return take;
 }
