@@ -148,6 +148,7 @@ class Communicator:
         dtype: Optional[str] = None,
         timeout: Optional[float] = None,
         premul_factor: float = 1.0,
+        *,
         wire: Optional[str] = None,
     ) -> _Buffer: ...
     def allreduce_async(
@@ -158,6 +159,7 @@ class Communicator:
         dtype: Optional[str] = None,
         timeout: Optional[float] = None,
         premul_factor: float = 1.0,
+        *,
         wire: Optional[str] = None,
     ) -> Work: ...
     def reduce_scatter(
@@ -168,6 +170,7 @@ class Communicator:
         dtype: Optional[str] = None,
         timeout: Optional[float] = None,
         premul_factor: float = 1.0,
+        *,
         wire: Optional[str] = None,
     ) -> _Buffer: ...
     def reduce_scatter_async(
@@ -178,6 +181,7 @@ class Communicator:
         dtype: Optional[str] = None,
         timeout: Optional[float] = None,
         premul_factor: float = 1.0,
+        *,
         wire: Optional[str] = None,
     ) -> Work: ...
     def allgather(
@@ -186,6 +190,7 @@ class Communicator:
         recv: _Buffer,
         dtype: Optional[str] = None,
         timeout: Optional[float] = None,
+        *,
         wire: Optional[str] = None,
     ) -> _Buffer: ...
     def allgather_async(
@@ -194,23 +199,14 @@ class Communicator:
         recv: _Buffer,
         dtype: Optional[str] = None,
         timeout: Optional[float] = None,
+        *,
         wire: Optional[str] = None,
     ) -> Work: ...
     def alltoall(
-        self,
-        send: _Buffer,
-        recv: _Buffer,
-        dtype: Optional[str] = None,
-        timeout: Optional[float] = None,
-        wire: Optional[str] = None,
+        self, send: _Buffer, recv: _Buffer, dtype: Optional[str] = None, timeout: Optional[float] = None
     ) -> _Buffer: ...
     def alltoall_async(
-        self,
-        send: _Buffer,
-        recv: _Buffer,
-        dtype: Optional[str] = None,
-        timeout: Optional[float] = None,
-        wire: Optional[str] = None,
+        self, send: _Buffer, recv: _Buffer, dtype: Optional[str] = None, timeout: Optional[float] = None
     ) -> Work: ...
     def broadcast(
         self,

@@ -333,7 +333,7 @@ PYBIND11_MODULE(_ringreduce, m) {
         },
         py::arg("send"), py::arg("recv") = py::none(), py::arg("op") = py::none(),
         py::arg("dtype") = py::none(), py::arg("timeout") = py::none(),
-        py::arg("premul_factor") = 1.0, py::arg("wire") = py::none(),
+        py::arg("premul_factor") = 1.0, py::kw_only(), py::arg("wire") = py::none(),
         "allreduce(send, recv=None, op='sum', wire=None): recv = op over ranks of send (in place "
         "without recv). op: sum, prod, min, max, avg, band, bor, bxor, premul_sum or a ReduceOp. "
         "wire: none, bf16, f16, fp8e4m3, fp8e5m2 or auto for float32 sums (None: "
@@ -349,30 +349,36 @@ PYBIND11_MODULE(_ringreduce, m) {
                               timeout, premul_factor, async, wire);
         },
         py::arg("send"), py::arg("recv"), py::arg("op") = py::none(), py::arg("dtype") = py::none(),
-        py::arg("timeout") = py::none(), py::arg("premul_factor") = 1.0,
+        py::arg("timeout") = py::none(), py::arg("premul_factor") = 1.0, py::kw_only(),
         py::arg("wire") = py::none(),
         "reduce_scatter(send, recv, op='sum', wire=None): send holds size x len(recv) elements; "
         "rank r receives block r of the reduction. wire: as allreduce's.");
-    // allgather and alltoall move data: no op, no root.
-    for (const K kind : {K::allgather, K::alltoall}) {
-      const bool ag = kind == K::allgather;
-      const char* call = ag ? "allgather" : "alltoall";
-      name = ag ? method("allgather", "allgather_async") : method("alltoall", "alltoall_async");
-      cls.def(
-          name,
-          [=](PyComm& c, py::object send, py::object recv, std::optional<std::string> dtype,
-              std::optional<double> timeout, std::optional<std::string> wire, py::kwargs extra) {
-            refuse_extra(c, name, "send, recv, dtype, timeout, wire", extra);
-            return c.collective(kind, call, send, recv, py::none(), 0, dtype, timeout, 1.0, async,
-                                wire);
-          },
-          py::arg("send"), py::arg("recv"), py::arg("dtype") = py::none(),
-          py::arg("timeout") = py::none(), py::arg("wire") = py::none(),
-          ag ? "allgather(send, recv, wire=None): recv holds size x len(send) elements; block r "
-               "is rank r's send. wire: as allreduce's (each block rounded once)."
-             : "alltoall(send, recv): both hold size equal blocks; block j of send goes to rank "
-               "j.");
-    }
+    name = method("allgather", "allgather_async");
+    cls.def(
+        name,
+        [=](PyComm& c, py::object send, py::object recv, std::optional<std::string> dtype,
+            std::optional<double> timeout, std::optional<std::string> wire, py::kwargs extra) {
+          refuse_extra(c, name, "send, recv, dtype, timeout, wire", extra);
+          return c.collective(K::allgather, "allgather", send, recv, py::none(), 0, dtype, timeout,
+                              1.0, async, wire);
+        },
+        py::arg("send"), py::arg("recv"), py::arg("dtype") = py::none(),
+        py::arg("timeout") = py::none(), py::kw_only(), py::arg("wire") = py::none(),
+        "allgather(send, recv, wire=None): recv holds size x len(send) elements; block r is rank "
+        "r's send. wire: as allreduce's (each block rounded once).");
+    // alltoall moves data: no op, no root, no wire format.
+    name = method("alltoall", "alltoall_async");
+    cls.def(
+        name,
+        [=](PyComm& c, py::object send, py::object recv, std::optional<std::string> dtype,
+            std::optional<double> timeout, py::kwargs extra) {
+          refuse_extra(c, name, "send, recv, dtype, timeout", extra);
+          return c.collective(K::alltoall, "alltoall", send, recv, py::none(), 0, dtype, timeout,
+                              1.0, async);
+        },
+        py::arg("send"), py::arg("recv"), py::arg("dtype") = py::none(),
+        py::arg("timeout") = py::none(),
+        "alltoall(send, recv): both hold size equal blocks; block j of send goes to rank j.");
     name = method("broadcast", "broadcast_async");
     cls.def(
         name,

@@ -21,13 +21,13 @@ np = pytest.importorskip("numpy")
 import ringreduce  # noqa: E402
 
 # Every argument some call takes; each call is tried with each one it does not take.
-ALL_ARGS = ["send", "recv", "op", "root", "dtype", "timeout", "premul_factor", "counts",
+ALL_ARGS = ["send", "recv", "op", "root", "dtype", "timeout", "premul_factor", "wire", "counts",
             "send_counts", "recv_counts", "buf", "dst", "src", "tag"]
 # What each call takes, in order (the stub and the error message must say the same).
 TAKES = {
-    "allreduce": ["send", "recv", "op", "dtype", "timeout", "premul_factor"],
-    "reduce_scatter": ["send", "recv", "op", "dtype", "timeout", "premul_factor"],
-    "allgather": ["send", "recv", "dtype", "timeout"],
+    "allreduce": ["send", "recv", "op", "dtype", "timeout", "premul_factor", "wire"],
+    "reduce_scatter": ["send", "recv", "op", "dtype", "timeout", "premul_factor", "wire"],
+    "allgather": ["send", "recv", "dtype", "timeout", "wire"],
     "alltoall": ["send", "recv", "dtype", "timeout"],
     "broadcast": ["send", "recv", "root", "dtype", "timeout"],
     "reduce": ["send", "recv", "op", "root", "dtype", "timeout", "premul_factor"],

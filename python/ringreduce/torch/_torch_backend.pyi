@@ -17,3 +17,10 @@ def create(
 # Communicator.agree on a ringreduce backend's (or, torch 1.13, process group's) communicator:
 # (the AND of the flags, the ranks taken as failed).
 def agree(backend: Any, flag: bool = True) -> tuple[bool, list[int]]: ...
+
+# The backend's allreduce (average or sum) of a float32 tensor in place with a narrow wire format
+# (docs/WIRE.md); returns its Work. What ringreduce.torch.hooks.wire_hook calls.
+def allreduce_wire(backend: Any, tensor: Any, wire: str, average: bool = True) -> Any: ...
+
+# In place: what coding a contiguous float32 CPU tensor in a wire format and decoding it gives.
+def wire_round(tensor: Any, wire: str) -> None: ...
