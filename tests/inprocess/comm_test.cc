@@ -1019,8 +1019,9 @@ TEST(Comm, CApiReportsErrorsWithoutExceptions) {
                                   RR_WIRE_F16),
                 RR_ERR_INVALID_ARGUMENT);
       EXPECT_NE(std::string(rr_last_error(comm)).find("wire format f16"), std::string::npos);
+      // (7: no format, yet a value the enum can hold; C++ gives other values no meaning.)
       EXPECT_EQ(rr_allreduce_wire(comm, coded.data(), coded.data(), 1, RR_F32, RR_SUM,
-                                  static_cast<rr_wire_t>(9)),
+                                  static_cast<rr_wire_t>(7)),
                 RR_ERR_INVALID_ARGUMENT);
       std::vector<uint8_t> flags = {uint8_t(r == 1), 1};
       rc |= rr_allreduce(comm, flags.data(), flags.data(), 2, RR_BOOL, RR_BXOR);
