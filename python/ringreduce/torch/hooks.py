@@ -69,6 +69,9 @@ def wire_hook(wire="bf16", error_feedback=False, group=None):
     averaged over the group with wire format `wire` ("bf16", "f16", "fp8" = "fp8e4m3",
     "fp8e5m2", "auto"); error_feedback keeps each bucket's rounding residual for its next step."""
     state = WireHookState(wire, error_feedback, group)
+    if error_feedback and state.wire in ("auto", "none"):
+        raise ValueError(f"wire_hook: error feedback needs a format that always codes (bf16, f16, "
+                         f"fp8, fp8e5m2), not {wire!r}")
 
     def hook(process_group, bucket):
         pg = process_group if isinstance(process_group, dist.ProcessGroup) else (
