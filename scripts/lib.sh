@@ -10,6 +10,8 @@ RR_PACKAGES=(cmake ninja-build g++ pkg-config python3 libgtest-dev libgmock-dev 
              nftables debootstrap
              # stacks of the ranks a test finds hung (scripts/cluster run's report on a timeout)
              gdb
+             # Slurm itself on the emulated cluster (scripts/cluster up --slurm, cluster.srun)
+             slurmctld slurmd slurm-client munge
              # the Python module, the torch backend and its tests (Debian's interpreter)
              python3-dev pybind11-dev python3-numpy python3-pytest python3-torch libtorch-dev
              python3-sklearn

@@ -9,6 +9,8 @@
 #   ipv6      2 hosts with IPv6 addresses only: allreduce and allgather, every dtype
 #   mpirun    OpenMPI's mpirun over 2 hosts x 2 slots (its rsh agent enters the namespaces)
 #   slurm     Slurm's variables, set by hand as srun would, 2 hosts x 2 ranks
+#   srun      Debian's Slurm on 4 hosts (scripts/cluster up --slurm): srun of 4 x 2 ranks, and
+#             docs/CLUSTER.md's batch script, verbatim, under sbatch --wait
 #   torchrun  torchrun's variables, 3 hosts x 1 rank
 #   linkdown  3 hosts x 1 rank looping over 64 MiB allreduces (RINGREDUCE_TIMEOUT=5): host 2's
 #             link is taken down in the middle (scripts/cluster link 2 down); every rank must fail
@@ -130,6 +132,28 @@ case "$case_name" in
     "$cluster" up 2 --rate 10gbit || fail "cluster up"
     check_run "reduce with Slurm's variables, 2 hosts x 2 ranks" 4 "$cluster" run --launcher slurm \
       --ranks-per-host 2 --timeout 120 -- "$perf" reduce -b 4 -e 1M -f 32 -n 2 -w 1 -r 3 -d all
+    ;;
+  srun)
+    # Debian's Slurm itself (scripts/cluster up --slurm): srun across 4 hosts x 2 ranks, and
+    # docs/CLUSTER.md's batch script, verbatim, under sbatch --wait.
+    for c in slurmctld slurmd srun munged; do
+      command -v "$c" >/dev/null || { echo "skipped: needs Debian's slurmctld, slurmd, slurm-client, munge ($c)"; exit 77; }
+    done
+    "$cluster" up 4 --rate 10gbit --slurm || fail "cluster up --slurm"
+    check_run "srun -N 4 --ntasks-per-node 2" 8 timeout 120 "$cluster" exec 0 -- srun -N 4 \
+      --ntasks-per-node 2 env RINGREDUCE_ADDR=10.213.77.1:29500 "$perf" allreduce -b 4 -e 1M \
+      -f 32 -n 2 -w 1 -d all
+    sed -n '/<!-- sbatch-script -->/,/<!-- \/sbatch-script -->/p' "$here/../../docs/CLUSTER.md" |
+      sed '1d;$d;s/^    //' >"$work/job.sh"
+    grep -q '^srun ./train$' "$work/job.sh" || fail "no batch script in docs/CLUSTER.md"
+    printf '#!/bin/sh\nexec %s allreduce -b 4 -e 1M -f 32 -n 2 -w 1\n' "$perf" >"$work/train"
+    chmod +x "$work/train"
+    (cd "$work" && timeout 120 "$cluster" exec 0 -- sbatch --wait -o "$work/sbatch.out" job.sh) ||
+      { cat "$work/sbatch.out"; fail "sbatch of docs/CLUSTER.md's script"; }
+    out=$(sed 's/^/[0] /' "$work/sbatch.out")
+    grep -q "Out of bounds values : 0 OK" "$work/sbatch.out" && grep -q "8 ranks" "$work/sbatch.out" ||
+      { cat "$work/sbatch.out"; fail "sbatch: the job's output"; }
+    echo "ok: docs/CLUSTER.md's batch script under sbatch, 4 nodes x 2 tasks"
     ;;
   torchrun)
     "$cluster" up 3 --rate 10gbit || fail "cluster up"
