@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Slurm on the emulated cluster (sourced by scripts/cluster: `cluster up N --slurm`, `cluster
 # down`). Debian's slurmctld, slurmd, slurm-client and munge, configured per run:
 #   - node i is named after its namespace (NAMEh<i>), at its address; slurmctld runs on node 0;
@@ -107,6 +108,7 @@ slurm_up() {
     cp "$d/hosts" "/etc/netns/$ns/hosts"
   done
   # What each daemon runs first, in its namespace: its cgroups, and its node's host name.
+  # shellcheck disable=SC2016  # expanded by the daemon's shell, not here
   local prelude='mount -t tmpfs cgroup_root /sys/fs/cgroup &&
     for c in cpuset memory devices freezer pids; do
       mkdir -p /sys/fs/cgroup/$c && mount -t cgroup -o $c cgroup /sys/fs/cgroup/$c
