@@ -9,8 +9,9 @@
 #   ipv6      2 hosts with IPv6 addresses only: allreduce and allgather, every dtype
 #   mpirun    OpenMPI's mpirun over 2 hosts x 2 slots (its rsh agent enters the namespaces)
 #   slurm     Slurm's variables, set by hand as srun would, 2 hosts x 2 ranks
-#   srun      Debian's Slurm on 4 hosts (scripts/cluster up --slurm): srun of 4 x 2 ranks, and
-#             docs/CLUSTER.md's batch script, verbatim, under sbatch --wait
+#   srun      Debian's Slurm on 4 hosts (scripts/cluster up --slurm): srun of 4 x 2 ranks,
+#             docs/CLUSTER.md's batch script, verbatim, under sbatch --wait, torch DDP under srun,
+#             and a rank SIGKILLed in the middle of an srun job: the others name it, srun ends
 #   torchrun  torchrun's variables, 3 hosts x 1 rank
 #   linkdown  3 hosts x 1 rank looping over 64 MiB allreduces (RINGREDUCE_TIMEOUT=5): host 2's
 #             link is taken down in the middle (scripts/cluster link 2 down); every rank must fail
@@ -154,6 +155,48 @@ case "$case_name" in
     grep -q "Out of bounds values : 0 OK" "$work/sbatch.out" && grep -q "8 ranks" "$work/sbatch.out" ||
       { cat "$work/sbatch.out"; fail "sbatch: the job's output"; }
     echo "ok: docs/CLUSTER.md's batch script under sbatch, 4 nodes x 2 tasks"
+    # torch DDP under srun (backend ringreduce), torch.distributed's variables from Slurm's as a
+    # batch script sets them.
+    if /usr/bin/python3 -c 'import torch, sklearn' 2>/dev/null && [ -d "$build/python/ringreduce/torch" ]; then
+      timeout 180 "$cluster" exec 0 -- srun -N 4 --ntasks-per-node 1 sh -c \
+        'export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS MASTER_ADDR=10.213.77.1 MASTER_PORT=29513
+         export RINGREDUCE_SOCKET_IFNAME=eth0 PYTHONPATH="$0/python"
+         exec /usr/bin/python3 "$1" --quiet --epochs 2' "$build" "$here/../../examples/train_ddp.py" \
+        >"$work/ddp.out" 2>&1 || { cat "$work/ddp.out"; fail "DDP under srun"; }
+      grep -q "^final: backend=ringreduce ranks=4 " "$work/ddp.out" || { cat "$work/ddp.out"; fail "DDP under srun: no final line"; }
+      echo "ok: DDP under srun, 4 nodes: $(grep '^final:' "$work/ddp.out")"
+    else
+      echo "note: DDP under srun not run (no torch, scikit-learn or torch backend here)"
+    fi
+    # A rank SIGKILLed in the middle of a job: the others fail at once naming it, and srun ends.
+    timeout 120 "$cluster" exec 0 -- srun -N 4 --ntasks-per-node 1 --kill-on-bad-exit=0 \
+      env RINGREDUCE_ADDR=10.213.77.1:29500 RINGREDUCE_TIMEOUT=30 "$perf" allreduce \
+      -b 16M -e 16M -n 1000 -w 1 -c 0 >"$work/killed.out" 2>&1 &
+    runner=$!
+    victim=""
+    for _ in $(seq 1 300); do  # bounded: 30 s for rank 2 to start its loop
+      for p in $(pgrep -f "ringreduce-perf allreduce -b 16M"); do
+        tr '\0' '\n' </proc/"$p"/environ 2>/dev/null | grep -qx SLURM_PROCID=2 && victim=$p
+      done
+      [ -n "$victim" ] && break
+      sleep 0.1
+    done
+    [ -n "$victim" ] || fail "rank 2 of the srun job never started"
+    sleep 2
+    kill -KILL "$victim"
+    cut=$(date +%s%N)
+    wait "$runner"
+    rc=$?
+    runner=""
+    took_ms=$((($(date +%s%N) - cut) / 1000000))
+    [ "$rc" -ne 0 ] || fail "srun exited 0 after rank 2 was killed"
+    for r in 0 1 3; do
+      grep -q "rank $r.*rank 2\|rank 2.*rank $r" "$work/killed.out" ||
+        { cat "$work/killed.out"; fail "rank $r did not name rank 2"; }
+    done
+    [ "$took_ms" -lt 20000 ] || { cat "$work/killed.out"; fail "srun took ${took_ms} ms to end"; }
+    grep "rank 2" "$work/killed.out" | head -4
+    echo "ok: a rank SIGKILLed under srun: every other rank named it, srun ended ${took_ms} ms after (rc $rc)"
     ;;
   torchrun)
     "$cluster" up 3 --rate 10gbit || fail "cluster up"
