@@ -4,8 +4,8 @@
 #   - node i is named after its namespace (NAMEh<i>), at its address; slurmctld runs on node 0;
 #     one slurmd per node, each in its namespace and in a UTS namespace of its own whose host name
 #     is the node's name (so a job's `hostname` is its node's, as on a real cluster);
-#   - the configuration (slurm.conf, cgroup.conf) and an /etc/hosts naming every node are put in
-#     /etc/netns/<namespace>/, which `ip netns exec` binds over /etc: every process of a host,
+#   - the configuration (slurm.conf, cgroup.conf) goes to /etc/netns/<namespace>/slurm beside the
+#     hosts file naming every node (cluster up), which `ip netns exec` binds over /etc: every process of a host,
 #     the daemons, the jobs and `cluster exec` alike, finds /etc/slurm/slurm.conf and resolves
 #     the node names, so srun, sbatch and `scontrol show hostnames` work unchanged;
 #   - a munge key made per run and a munged of its own (its socket in the state directory);
@@ -35,11 +35,7 @@ slurm_down() {
     grep -qz "^SLURMD_NODENAME=${NAME}h" /proc/"$pid"/environ 2>/dev/null && kill -KILL "$pid"
   done
   [ -f "$d/munged.pid" ] && kill -TERM "$(cat "$d/munged.pid")" 2>/dev/null
-  # This cluster's hosts' files (the namespaces' names are this cluster's own).
-  for n in /etc/netns/"${NAME}"h[0-9]*; do
-    [ -d "$n" ] && rm -rf "$n"
-  done
-  rmdir /etc/netns 2>/dev/null
+  for n in /etc/netns/"${NAME}"h[0-9]*; do rm -rf "$n/slurm"; done
   # The cgroups slurmd made for its nodes (one directory per node and controller).
   find /sys/fs/cgroup -mindepth 2 -maxdepth 3 -type d -name "slurm_${NAME}h*" 2>/dev/null |
     sort -r | xargs -r rmdir 2>/dev/null
@@ -97,15 +93,10 @@ slurm_up() {
     echo "PartitionName=all Nodes=${NAME}h[0-$((hosts - 1))] Default=YES MaxTime=INFINITE State=UP"
   } >"$d/slurm.conf"
   echo "CgroupPlugin=cgroup/v1" >"$d/cgroup.conf"
-  {
-    echo "127.0.0.1 localhost"
-    for i in $(seq 0 $((hosts - 1))); do echo "$(addr4 "$i") $(ns_host "$i")"; done
-  } >"$d/hosts"
   for i in $(seq 0 $((hosts - 1))); do
     ns=$(ns_host "$i")
     mkdir -p "/etc/netns/$ns/slurm"
     cp "$d/slurm.conf" "$d/cgroup.conf" "/etc/netns/$ns/slurm/"
-    cp "$d/hosts" "/etc/netns/$ns/hosts"
   done
   # What each daemon runs first, in its namespace: its cgroups, and its node's host name.
   # shellcheck disable=SC2016  # expanded by the daemon's shell, not here

@@ -13,6 +13,8 @@
 #             docs/CLUSTER.md's batch script, verbatim, under sbatch --wait, torch DDP under srun,
 #             and a rank SIGKILLed in the middle of an srun job: the others name it, srun ends
 #   torchrun  torchrun's variables, 3 hosts x 1 rank
+#   torchrun-elastic  torchrun's c10d rendezvous (--nnodes 1:3) over 3 hosts with the torch
+#             backend: a host leaves (SIGKILL) and joins again, the group goes on each time
 #   linkdown  3 hosts x 1 rank looping over 64 MiB allreduces (RINGREDUCE_TIMEOUT=5): host 2's
 #             link is taken down in the middle (scripts/cluster link 2 down); every rank must fail
 #             within the timeout + 1 s of the cut, ranks 0 and 1 naming rank 2 and rank 2 naming
@@ -32,7 +34,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cluster=$here/../../scripts/cluster
 perf=$build/tools/ringreduce-perf
 # One cluster name per case, so that cases can run side by side.
-export CLUSTER_NAME=rrt${case_name:0:4}
+# (torchrun and torchrun-elastic share their first four letters: the length tells them apart.)
+export CLUSTER_NAME=rrt${case_name:0:4}${#case_name}
 # A message that never arrives must fail its op, naming the ranks, well inside each launch's own
 # timeout (60-120 s), rather than run into it silently (the default waits 300 s).
 export RINGREDUCE_TIMEOUT=${RINGREDUCE_TIMEOUT:-45}
@@ -197,6 +200,51 @@ case "$case_name" in
     [ "$took_ms" -lt 20000 ] || { cat "$work/killed.out"; fail "srun took ${took_ms} ms to end"; }
     grep "rank 2" "$work/killed.out" | head -4
     echo "ok: a rank SIGKILLed under srun: every other rank named it, srun ended ${took_ms} ms after (rc $rc)"
+    ;;
+  torchrun-elastic)
+    # torchrun's c10d rendezvous across 3 hosts (--nnodes 1:3), backend ringreduce on the
+    # agents' store: host 2 leaves (its agent and worker SIGKILLed), the others go on as a group
+    # of 2, host 2 joins again, the group of 3 goes on; every step's allreduce exact at its world
+    # size, a fresh communicator per group. The agents run with their hosts' names (as on real
+    # hosts: each tells its workers a host name, which must resolve).
+    /usr/bin/python3 -c 'import torch' 2>/dev/null && [ -d "$build/python/ringreduce/torch" ] ||
+      { echo "skipped: needs torch and the ringreduce torch backend"; exit 77; }
+    "$cluster" up 3 --rate 10gbit || fail "cluster up"
+    agent() {  # agent HOST LOG: torchrun on host HOST, in the background
+      # --redirects/--tee 1: torch 1.13's torchrun on Python 3.11 fails with its defaults
+      # (tests/python/test_torchrun.py says why).
+      "$cluster" exec "$1" --hostname -- env PYTHONPATH="$build/python" RINGREDUCE_SOCKET_IFNAME=eth0 \
+        RINGREDUCE_TIMEOUT=20 timeout 170 /usr/bin/python3 "$here/../../scripts/torchrun-nolibuv" \
+        --redirects 1 --tee 1 --rdzv_backend c10d --rdzv_endpoint "${CLUSTER_NAME}h0:29400" \
+        --rdzv_id elastic --rdzv_conf last_call_timeout=2 --nnodes 1:3 --nproc_per_node 1 \
+        --max_restarts 10 --monitor_interval 0.5 "$here/elastic_worker.py" "$work/finish" \
+        >"$2" 2>&1 &
+    }
+    # wait_for PATTERN FILE: bounded, 90 s.
+    wait_for() {
+      for _ in $(seq 1 900); do grep -q "$1" "$2" 2>/dev/null && return 0; sleep 0.1; done
+      tail -n 20 "$work"/agent*.log
+      fail "never saw '$1' in $2"
+    }
+    agent 0 "$work/agent0.log"; a0=$!
+    agent 1 "$work/agent1.log"; a1=$!
+    agent 2 "$work/agent2.log"; a2=$!
+    wait_for "STEP .* world=3 .*step=3 ok" "$work/agent0.log"
+    echo "ok: a group of 3 hosts"
+    for p in $(pgrep -f "torchrun-nolibuv|elastic_worker.py"); do
+      [ "$(ip netns identify "$p" 2>/dev/null)" = "${CLUSTER_NAME}h2" ] && kill -KILL "$p"
+    done
+    wait "$a2" 2>/dev/null
+    wait_for "STEP .* world=2 .*step=3 ok" "$work/agent0.log"
+    echo "ok: host 2 left; a group of 2 went on"
+    agent 2 "$work/agent2b.log"; a2=$!
+    wait_for "STEP .* world=3 .*step=3 ok" "$work/agent2b.log"
+    echo "ok: host 2 joined again; a group of 3 went on"
+    touch "$work/finish"
+    for p in $a0 $a1 $a2; do wait "$p" || fail "an agent exited $? (logs: agent*.log)"; done
+    ! grep -h "WRONG" "$work"/agent*.log || fail "a wrong allreduce result"
+    grep -q "DONE .* world=3" "$work/agent0.log" || fail "the last group did not end on host 0"
+    echo "ok: torchrun's c10d rendezvous, a host leaving and joining: $(grep -c 'STEP' "$work/agent0.log") steps on host 0, every one exact"
     ;;
   torchrun)
     "$cluster" up 3 --rate 10gbit || fail "cluster up"
