@@ -1,6 +1,6 @@
 // What an algorithm is: a schedule of Link primitives for one collective call. Algorithms see
-// ranks, links and buffers; they never see sockets or shared pages (DESIGN.md), and they never
-// choose themselves: the tuner does.
+// ranks, links and buffers; they never see sockets or shared pages (docs/ARCHITECTURE.md, Layers),
+// and they never choose themselves: the tuner does.
 #pragma once
 
 #include <cstddef>

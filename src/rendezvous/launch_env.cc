@@ -1,7 +1,7 @@
-// detect_launch: the launcher chain of DESIGN.md's Rendezvous contract. The first family whose
-// rank variable is set decides rank and world size; a family that is only half set is an
-// error rather than a reason to fall through, because falling through would quietly pick up
-// some other launcher's (stale) numbers.
+// detect_launch: the launcher chain (docs/ARCHITECTURE.md, rendezvous/; README's settings). The
+// first family whose rank variable is set decides rank and world size; a family that is only half
+// set is an error rather than a reason to fall through, because falling through would quietly pick
+// up some other launcher's (stale) numbers.
 #include "rendezvous/launch_env.h"
 
 #include <algorithm>
@@ -22,8 +22,8 @@ struct Family {
   const char* local_size;
 };
 
-// The launchers' own variables, in the order DESIGN.md gives. RINGREDUCE_* come first, through
-// the Config (so that Options override them), and are handled separately.
+// The launchers' own variables, in the order README's Launching section gives. RINGREDUCE_* come
+// first, through the Config (so that Options override them), and are handled separately.
 constexpr Family kLaunchers[] = {
     {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
     {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",

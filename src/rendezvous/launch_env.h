@@ -1,4 +1,5 @@
-// Who am I and where is the store? The variable chain of DESIGN.md, first match wins:
+// Who am I and where is the store? The launchers' variable chain (docs/ARCHITECTURE.md), first
+// match wins:
 //   RINGREDUCE_RANK / RINGREDUCE_WORLD_SIZE / RINGREDUCE_ADDR      (ringrun, or by hand)
 //   RANK / WORLD_SIZE / MASTER_ADDR:MASTER_PORT                     (torchrun)
 //   OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE                     (OpenMPI's mpirun)

@@ -1,7 +1,7 @@
 // The transport contract: links between ranks that move bytes, and nothing else.
 //
-// Algorithms are written against the non-blocking primitives of Link (DESIGN.md "Transport
-// primitives"). Each primitive is posted, not performed: it is queued on the link and finished by
+// Algorithms are written against the non-blocking primitives of Link (docs/ARCHITECTURE.md, "How a
+// call runs"). Each primitive is posted, not performed: it is queued on the link and finished by
 // the transport's progress engine while the algorithm waits on a Completion. Posting never
 // blocks. Per link, messages go out in the order they were posted, a forward (recv_reduce_send,
 // recv_copy_send) taking its place on `next` when its receive is posted; receives match the

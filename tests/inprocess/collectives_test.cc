@@ -1,4 +1,4 @@
-// The in-process correctness matrix of DESIGN.md: N = 1..9 ranks as threads over real loopback
+// The in-process correctness matrix: N = 1..9 ranks as threads over real loopback
 // sockets; counts {0, 1, N-1, 7, 1M+3}; every dtype x op; in and out of place; and a tiny segment
 // size that forces the multi-segment pipelined paths. Inputs are small integers, so every result
 // is exact and compared bit for bit.
