@@ -21,7 +21,17 @@ PYDIR = BUILD / "python"
 
 
 def have_module(name):
-    return any((PYDIR / "ringreduce").rglob(name + ".*.so")) if PYDIR.exists() else False
+    """Whether the build has the module. One its configuration set out to build
+    (<build>/python/expected_modules.txt, python/CMakeLists.txt) but that is missing is a
+    failed build: the test fails saying so, rather than skip as it does where the module was
+    never meant to be built (no pybind11, no libtorch)."""
+    present = any((PYDIR / "ringreduce").rglob(name + ".*.so")) if PYDIR.exists() else False
+    expected = PYDIR / "expected_modules.txt"
+    if not present and expected.exists() and name in expected.read_text().split():
+        pytest.fail(f"{name} should have been built in {BUILD} (its configuration builds it: "
+                    f"{expected}) but is not there: the build failed or was not run",
+                    pytrace=False)
+    return present
 
 
 def rank_env():
