@@ -78,9 +78,7 @@ class Matrix : public ::testing::TestWithParam<std::tuple<int, std::string>> {
   int ranks() const { return std::get<0>(GetParam()); }
   const std::string& kind() const { return std::get<1>(GetParam()); }
   std::map<std::string, std::string> transport(std::map<std::string, std::string> s = {}) const {
-    if (kind() == "tcp") s["RINGREDUCE_SHM"] = "0";
-    if (kind() == "mix") s["TEST_HOSTS"] = "2";
-    return s;
+    return rrtest::transport_settings(kind(), std::move(s));
   }
   // Whether every (dtype, op) pair runs at the large counts at N <= 4 (in_matrix).
   bool every_pair() const { return kind() == "shm"; }
@@ -405,10 +403,10 @@ INSTANTIATE_TEST_SUITE_P(Ranks, Star,
 std::vector<std::tuple<int, std::string>> matrix_params() {
   std::vector<std::tuple<int, std::string>> v;
   for (int n : ranks_in_matrix({1, 2, 3, 4, 5, 6, 7, 8, 9}, {1, 2, 3, 4}))
-    for (const char* kind : {"shm", "tcp", "mix"})
-      if (std::string(kind) == "shm"   ? n != 9
-          : std::string(kind) == "mix" ? n > 1 && n != 7 && n != 9
-                                       : n == 2 || n == 3 || n == 5)
+    for (const std::string& kind : rrtest::transports())
+      if (kind == "shm"   ? n != 9
+          : kind == "mix" ? n > 1 && n != 7 && n != 9
+                          : n == 2 || n == 3 || n == 5)
         v.emplace_back(n, kind);
   return v;
 }

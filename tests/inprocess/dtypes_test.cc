@@ -158,7 +158,7 @@ TEST_P(Dtypes, AnOpThatDoesNotApplyIsAnInvalidArgumentAndTheCommunicatorGoesOn) 
       transport());
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, Dtypes, ::testing::Values("shm", "tcp", "mix"),
+INSTANTIATE_TEST_SUITE_P(Transports, Dtypes, ::testing::ValuesIn(rrtest::transports()),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

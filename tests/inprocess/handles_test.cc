@@ -76,7 +76,7 @@ TEST_P(Handles, RanksMakeACommunicatorFromHandlesAndAgainWithoutOne) {
     if (e) std::rethrow_exception(e);
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, Handles, ::testing::Values("shm", "tcp", "mix"));
+INSTANTIATE_TEST_SUITE_P(Transports, Handles, ::testing::ValuesIn(rrtest::transports()));
 
 TEST(HandlesBad, ListsWithoutThisRankTwiceOrNotAHandleAreInvalidArguments) {
   Endpoint a, b;

@@ -170,16 +170,26 @@ inline bool in_matrix(DataType t, ReduceOp op, bool large, int n, bool every_pai
   return (ti + shift) % ops.size() == oi;
 }
 
-// A test run over shared memory, TCP and two emulated hosts: the parameter is "shm", "tcp" or
-// "mix", and transport() the settings run_ranks takes for it.
+// The transports the tests run over, named once for the whole suite: "shm" (ranks on one host,
+// shared memory, the default there), "tcp" (one host, TCP only) and "mix" (two emulated hosts,
+// ranks placed alternately: shared memory within a host, TCP between, the ring reordered).
+inline const std::vector<std::string>& transports() {
+  static const std::vector<std::string> kinds = {"shm", "tcp", "mix"};
+  return kinds;
+}
+// The settings run_ranks takes for a transport, added to `s`.
+inline std::map<std::string, std::string> transport_settings(
+    const std::string& kind, std::map<std::string, std::string> s = {}) {
+  if (kind == "tcp") s["RINGREDUCE_SHM"] = "0";
+  if (kind == "mix") s["TEST_HOSTS"] = "2";
+  return s;
+}
+
+// A test run over each transport: the parameter is its name (INSTANTIATE_TEST_SUITE_P with
+// ::testing::ValuesIn(rrtest::transports())), and transport() the settings run_ranks takes.
 class OverEachTransport : public ::testing::TestWithParam<std::string> {
  protected:
-  std::map<std::string, std::string> transport() const {
-    std::map<std::string, std::string> s;
-    if (GetParam() == "tcp") s["RINGREDUCE_SHM"] = "0";
-    if (GetParam() == "mix") s["TEST_HOSTS"] = "2";
-    return s;
-  }
+  std::map<std::string, std::string> transport() const { return transport_settings(GetParam()); }
 };
 
 }  // namespace rrtest

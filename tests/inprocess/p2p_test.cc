@@ -337,7 +337,7 @@ TEST_P(P2p, BadArgumentsFailTheCallOnly) {
       transport());
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, P2p, ::testing::Values("shm", "tcp", "mix"),
+INSTANTIATE_TEST_SUITE_P(Transports, P2p, ::testing::ValuesIn(rrtest::transports()),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -301,7 +301,7 @@ TEST_P(Shrink, AbortFromAnotherThreadEndsABlockedCallAndDestructionNeverWaits) {
       transport(), std::chrono::seconds(20));
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, Shrink, ::testing::Values("shm", "tcp", "mix"));
+INSTANTIATE_TEST_SUITE_P(Transports, Shrink, ::testing::ValuesIn(rrtest::transports()));
 
 // The C ABI: agree, shrink after a rank is gone, the error and the timeout, bad input as codes.
 TEST(ShrinkCApi, AgreeShrinkErrorAndTimeoutThroughTheCAbi) {

@@ -102,7 +102,7 @@ TEST_P(Split, NoColorGivesAnEmptyCommunicatorAndBadColorsAreRefused) {
       transport());
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, Split, ::testing::Values("shm", "tcp", "mix"),
+INSTANTIATE_TEST_SUITE_P(Transports, Split, ::testing::ValuesIn(rrtest::transports()),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

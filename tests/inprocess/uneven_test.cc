@@ -200,7 +200,7 @@ TEST_P(Uneven, BadCountsAreInvalidArguments) {
       transport());
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, Uneven, ::testing::Values("shm", "tcp", "mix"),
+INSTANTIATE_TEST_SUITE_P(Transports, Uneven, ::testing::ValuesIn(rrtest::transports()),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -74,11 +74,7 @@ using Param = std::tuple<std::string, int>;  // transport, ranks
 class WireCollectives : public ::testing::TestWithParam<Param> {
  protected:
   std::map<std::string, std::string> settings() const {
-    std::map<std::string, std::string> s;
-    const std::string& t = std::get<0>(GetParam());
-    if (t == "tcp") s["RINGREDUCE_SHM"] = "0";
-    if (t == "mix") s["TEST_HOSTS"] = "2";
-    return s;
+    return rrtest::transport_settings(std::get<0>(GetParam()));
   }
   int ranks() const { return std::get<1>(GetParam()); }
 };
@@ -310,7 +306,8 @@ TEST_P(WireOverEachTransport, TheSettingAppliesToTheCallsItCanAndLeavesTheOthers
       s);
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, WireOverEachTransport, ::testing::Values("shm", "tcp", "mix"),
+INSTANTIATE_TEST_SUITE_P(Transports, WireOverEachTransport,
+                         ::testing::ValuesIn(rrtest::transports()),
                          [](const auto& info) { return info.param; });
 
 }  // namespace
