@@ -161,10 +161,9 @@ std::string agreed_settings(const core::Config& config) {
   // The settings that decide the plans and the links: a difference would otherwise show later
   // as a mismatch, or a hang at connection.
   std::string out;
-  for (const char* name :
-       {"RINGREDUCE_ALGO", "RINGREDUCE_SEGMENT_BYTES", "RINGREDUCE_CHANNELS", "RINGREDUCE_NSOCKS",
-        "RINGREDUCE_SHM", "RINGREDUCE_SOCKET_FAMILY", "RINGREDUCE_PROBE_BATCHES",
-        "RINGREDUCE_WIRE"})
+  for (const char* name : {"RINGREDUCE_ALGO", "RINGREDUCE_SEGMENT_BYTES", "RINGREDUCE_CHANNELS",
+                           "RINGREDUCE_NSOCKS", "RINGREDUCE_SHM", "RINGREDUCE_SOCKET_FAMILY",
+                           "RINGREDUCE_PROBE_BATCHES", "RINGREDUCE_WIRE"})
     out += std::string(name) + "=" + config.str(name) + "\n";
   return out;
 }
