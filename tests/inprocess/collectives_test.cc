@@ -138,7 +138,7 @@ TEST_P(Matrix, AllreduceDoubleBinaryTreeEveryDtypeOpCountPlacement) {
 }
 
 // The window algorithms read peers' memory in place: every rank on one host, shared memory only
-// (forcing them otherwise is an error, tested in comm_test). Counts above an algorithm's limit
+// (forcing them otherwise is an error, tested in window_test). Counts above an algorithm's limit
 // fall back to the tuner's choice; 1M+3 elements take direct several rounds at every N.
 class OneHost : public ::testing::TestWithParam<int> {};
 TEST_P(OneHost, AllreduceFlatEveryDtypeOpCountPlacement) {
