@@ -202,8 +202,8 @@ std::string prepare_launcher(const Args& args, ExecPlan* plan, ringreduce::core:
 
   // ringrun's threads serve every rank: the store's answers each rank's join, and the main one
   // forwards output and watches exits. Where ranks crowd the cores they are two runnable threads
-  // among hundreds (bench/startup.sh -c 8 runs 1,024 ranks on two cores: the store's thread ran
-  // 0.1 s in each 10 s and every join waited on it). Where allowed (root, CAP_SYS_NICE) ringrun
+  // among hundreds (bench/drivers/startup.sh -c 8 runs 1,024 ranks on two cores: the store's thread
+  // ran 0.1 s in each 10 s and every join waited on it). Where allowed (root, CAP_SYS_NICE) ringrun
   // runs at nice -10, before the store's thread starts (it inherits it); the ranks get the
   // original back before their exec.
   errno = 0;

@@ -47,7 +47,8 @@ double allreduce_scalar(const Ctx& ctx, double v, bool max) {
 
 int run_rank(int rank, int size, const peers::Options& o) {
   gloo::transport::tcp::attr attr;
-  // PEER_HOSTNAME: the address to listen on across hosts (bench/cluster_compare.sh); loopback else.
+  // PEER_HOSTNAME: the address to listen on across hosts (bench/drivers/cluster_compare.sh);
+  // loopback else.
   const char* host = std::getenv("PEER_HOSTNAME");
   attr.hostname = host && *host ? host : "127.0.0.1";
   attr.ai_family = AF_INET;

@@ -2,11 +2,11 @@
 // (MPI_IN_PLACE) with -i 1. Built twice from this source: mpi_allreduce against OpenMPI (or
 // whatever CMake's FindMPI finds) and mpich_allreduce against MPICH (bench/peers/CMakeLists.txt).
 // The transport is the launcher's choice, not this program's. Forced onto TCP loopback
-// (bench/tcp_compare.sh):
+// (bench/drivers/compare.sh tcp):
 //   mpirun --allow-run-as-root --oversubscribe --bind-to none --mca pml ob1
 //     --mca btl tcp,self --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo
 //     -np N mpi_allreduce -b 4 -e 256M -f 4
-// Over shared memory, the libraries' defaults (bench/shm_compare.sh):
+// Over shared memory, the libraries' defaults (bench/drivers/compare.sh shm):
 //   mpirun --allow-run-as-root --oversubscribe --bind-to core:overload-allowed
 //     -np N mpi_allreduce -b 4 -e 256M -f 4 -i 1
 //   mpiexec.mpich -bind-to core -n N mpich_allreduce -b 4 -e 256M -f 4 -i 1
@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
     for (char* p = lib; *p; ++p)
       if (*p == '\n') *p = ' ';
     std::printf("# %s\n", lib);
-    // print_header's "TCP loopback" holds only under tcp_compare.sh's mpirun flags.
+    // print_header's "TCP loopback" holds only under bench/drivers/compare.sh tcp's mpirun flags.
     std::printf("# transport: whatever the launcher selected (see its command line)\n");
     peers::print_header(in_place ? "MPI_Allreduce (in-place)" : "MPI_Allreduce (out-of-place)",
                         size, o);

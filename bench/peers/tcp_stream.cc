@@ -5,7 +5,7 @@
 // Across an emulated cluster (scripts/cluster): the receiver enters network namespace -R and
 // listens on -a (its address there), the sender enters namespace -S and connects to it, e.g.
 //   tcp_stream -a 10.213.77.1 -R /run/netns/rrch0 -S /run/netns/rrch1
-// Output (one line, parsed by bench/make_table.py):
+// Output (one line, parsed by bench/plots/make_table.py):
 //   tcp_stream write=4194304 bytes=... time_s=... GB/s=...
 #include <arpa/inet.h>
 #include <fcntl.h>

@@ -26,7 +26,8 @@ class TcpStoreServer {
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
   int port() const;
-  // Requests served and connections accepted so far (bench/startup.sh: store traffic per rank).
+  // Requests served and connections accepted so far (bench/drivers/startup.sh: store traffic per
+  // rank).
   struct Stats {
     uint64_t requests = 0;
     uint64_t connections = 0;

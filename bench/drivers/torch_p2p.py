@@ -1,6 +1,6 @@
 """torch.distributed send/recv ping-pong timed per size, for one backend.
 
-    ringrun -n 2 /usr/bin/python3 bench/torch_p2p.py --backend ringreduce -b 4 -e 64M -f 4
+    ringrun -n 2 /usr/bin/python3 bench/drivers/torch_p2p.py --backend ringreduce -b 4 -e 64M -f 4
 
 Ranks pair up (0 with 1, 2 with 3, ...; every pair at once): the even rank sends a float32 tensor
 of the size and receives it back, the odd one receives and sends it back, with blocking

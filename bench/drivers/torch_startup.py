@@ -1,8 +1,8 @@
-"""torch.distributed's gloo backend started as bench/startup.cc starts ringreduce, for
-bench/startup.sh: launch to init_process_group returned, and to the first allreduce done (slowest
+"""torch.distributed's gloo backend started as bench/drivers/startup.cc starts ringreduce, for
+bench/drivers/startup.sh: launch to init_process_group returned, and to the first allreduce done (slowest
 rank), then a barrier and an allreduce of the ranks' numbers checked.
 
-    ringrun -n 16 /usr/bin/python3 bench/torch_startup.py
+    ringrun -n 16 /usr/bin/python3 bench/drivers/torch_startup.py
 
 Times are seconds after the first process started (/proc/self/stat, as startup.cc); the import
 of torch counts, as it does for a user, and "imported" says when the slowest rank had it.

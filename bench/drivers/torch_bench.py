@@ -1,4 +1,4 @@
-"""What bench/torch_allreduce.py and bench/torch_p2p.py share: their arguments, finding the
+"""What bench/drivers/torch_allreduce.py and bench/drivers/torch_p2p.py share: their arguments, finding the
 ringreduce backend (installed, or in the build tree), and joining the process group."""
 
 import argparse
@@ -35,7 +35,7 @@ def start(default_max):
             import ringreduce.torch  # noqa: F401
         except ImportError:
             here = os.path.dirname(os.path.abspath(__file__))
-            build = os.environ.get("RINGREDUCE_BUILD", os.path.join(here, "..", "build"))
+            build = os.environ.get("RINGREDUCE_BUILD", os.path.join(here, "..", "..", "build"))
             sys.path.insert(0, os.path.join(build, "python"))
             import ringreduce.torch  # noqa: F401
     torch.set_num_threads(1)

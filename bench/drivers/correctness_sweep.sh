@@ -3,7 +3,7 @@
 # 4 B .. 256 MiB (x4), dtypes float, half, bfloat16, double, int32, int64, and (for the reducing
 # collectives) ops sum, prod, max, min, avg, each checked exactly (-c 1). Prints one line per run
 # and the total of wrong elements; exits non-zero if any run failed or any element was wrong.
-#   usage: bench/correctness_sweep.sh [N] [BUILD_DIR] [MAX_BYTES]
+#   usage: bench/drivers/correctness_sweep.sh [N] [BUILD_DIR] [MAX_BYTES]
 set -uo pipefail
 n=${1:-4}
 build=${2:-build}

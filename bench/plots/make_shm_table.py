@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Markdown table from the raw outputs of bench/shm_compare.sh (standard library only).
+"""Markdown table from the raw outputs of bench/drivers/compare.sh shm (standard library only).
 
-usage: bench/make_shm_table.py OUTDIR [--small BYTES] [--large BYTES]
+usage: bench/plots/make_shm_table.py OUTDIR [--small BYTES] [--large BYTES]
 
 Reads OUTDIR/raw/<lib>_N<n>_r<round>.txt for lib in ringreduce, ompi, mpich (nccl-tests style
-rows, parsed by bench/make_table.py) and stream (bench/stream_copy lines), and prints, for each
+rows, parsed by bench/plots/make_table.py) and stream (bench/stream_copy lines), and prints, for each
 N, one row per size with:
   - every library's best-of-rounds busbw (GB/s), plus its best time for sizes <= --small (4 KiB);
     ringreduce: the in-place columns of ringreduce-perf; OpenMPI and MPICH: mpi_allreduce -i 1

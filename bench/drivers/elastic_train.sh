@@ -6,11 +6,11 @@
 # slowest rank), the world at the end, the test accuracy, and whether every rank ends with the
 # same parameters. Needs torch 2.14 (shrink_group, reconfigure): run it in scripts/torch2's sid root,
 #
-#   scripts/torch2 --suite sid --run bench/elastic_train.sh [ROUNDS]
+#   scripts/torch2 --suite sid --run bench/drivers/elastic_train.sh [ROUNDS]
 set -uo pipefail
 rounds=${1:-3}
 build=${BUILD:-build}
-here=$(cd "$(dirname "$0")/.." && pwd)
+here=$(cd "$(dirname "$0")/../.." && pwd)
 export PYTHONPATH=$build/python RINGREDUCE_BUILD=$build
 py=/usr/bin/python3
 ex=$here/examples/train_elastic.py

@@ -7,11 +7,11 @@
 # final line and a table per hook: test accuracy, median step time (ms) and training time to the
 # target accuracy (s), best / median / worst over the rounds.
 #
-# usage: bench/wire_train.sh [-H HOSTS] [-R RATE] [-r ROUNDS] [-k "none fp16 powersgd bf16 fp8 fp8-ef"]
+# usage: bench/drivers/wire_train.sh [-H HOSTS] [-R RATE] [-r ROUNDS] [-k "none fp16 powersgd bf16 fp8 fp8-ef"]
 #                            [-- extra train_ddp.py arguments (default: --hidden 1024)]
 # Needs root (network namespaces).
 set -uo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
 HOSTS=4 RATE=1gbit ROUNDS=3 HOOKS="none fp16 powersgd bf16 bf16-ef fp8 fp8-ef"
 while [ $# -gt 0 ]; do

@@ -9,21 +9,21 @@
 #   mpiring      the same with coll_tuned's ring forced (coll_tuned_allreduce_algorithm 4)
 #   tcp_stream   one TCP stream host 0 -> host 1 (the link's single-flow rate), once per round
 # ROUNDS interleaved rounds run every library once each (the order rotates per round). Raw
-# outputs go to OUTDIR/raw/<lib>_N<hosts>_r<round>.txt, the table (bench/make_table.py) to
+# outputs go to OUTDIR/raw/<lib>_N<hosts>_r<round>.txt, the table (bench/plots/make_table.py) to
 # OUTDIR/table.md. Float32 sum, out of place.
 #
-# usage: bench/cluster_compare.sh [-o OUTDIR] [-H HOSTS] [-R RATE] [-r ROUNDS] [-b MIN] [-e MAX]
+# usage: bench/drivers/cluster_compare.sh [-o OUTDIR] [-H HOSTS] [-R RATE] [-r ROUNDS] [-b MIN] [-e MAX]
 #                                 [-f FACTOR] [-l "ringreduce gloo mpi mpiring"] [-t RUN_TIMEOUT_S]
 #                                 [-B BUILD_DIR] [-x "EXTRA PEER FLAGS"] [-E "VAR=VALUE ..."]
 #   -E sets variables for ringreduce's ranks only (e.g. -E "RINGREDUCE_NSOCKS=2").
 # Needs root. The cluster is brought up here and taken down on exit, whatever happens.
 # Every library runs with glibc keeping freed memory (PEER_MALLOC=system: glibc's defaults),
-# as in bench/shm_compare.sh: a per-call buffer would otherwise measure this VM's page faults.
+# as in bench/drivers/compare.sh shm: a per-call buffer would otherwise measure this VM's page faults.
 set -uo pipefail
 if [ "${PEER_MALLOC:-keep}" = keep ]; then
   export GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736
 fi
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
 OUT=/tmp/cluster_compare-$(date +%Y%m%d-%H%M%S)
 HOSTS=4 RATE=1gbit ROUNDS=3 MIN=4 MAX=256M FACTOR=4 LIBS="ringreduce gloo mpi mpiring"
@@ -116,5 +116,5 @@ for r in $(seq 1 "$ROUNDS"); do
     run_lib "${libs[$(((k + r - 1) % ${#libs[@]}))]}" "$r"
   done
 done
-python3 "$ROOT/bench/make_table.py" "$OUT" >"$OUT/table.md" && cat "$OUT/table.md"
+python3 "$ROOT/bench/plots/make_table.py" "$OUT" >"$OUT/table.md" && cat "$OUT/table.md"
 say "done: $OUT"

@@ -1,5 +1,5 @@
 // stream_copy: STREAM-style memory bandwidth of the kernels a shared-memory allreduce is made
-// of, on one thread or on every core at once. bench/shm_compare.sh takes the best all-cores
+// of, on one thread or on every core at once. bench/drivers/compare.sh shm takes the best all-cores
 // number of the copy and add kernels as the memory limit of an allreduce (its "floor").
 //
 //   stream_copy [-s SIZE=256M] [-t THREADS[,THREADS...]] [-k KERNEL[,KERNEL...]] [-n REPS=10]

@@ -1,6 +1,6 @@
 """The caption every plot in docs/ carries: where, when and what was measured.
 
-A plot made right after its measurement (bench/scaling.sh, algo_sweep.sh, startup.sh) gets this
+A plot made right after its measurement (bench/drivers/scaling.sh, algo_sweep.sh, startup.sh) gets this
 machine, today's date and this checkout's version; one redrawn later from a CSV in docs/ is given
 the caption of the run that measured it (--caption), since this machine's is not that run's.
 """
@@ -10,7 +10,7 @@ import platform
 import re
 import subprocess
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def version():

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Start-up at scale on this host: for each N, `ringrun -n N --store-stats` of
-# ringreduce-startup (bench/startup.cc: launch to communicator ready and to the first allreduce
+# ringreduce-startup (bench/drivers/startup.cc: launch to communicator ready and to the first allreduce
 # done, slowest rank, then a barrier, an allreduce and an alltoall checked), and the requests
 # the store served, per rank. With -g, torch's gloo backend does the same through
-# bench/torch_startup.py (init_process_group + one allreduce + barrier) at the sizes in -G.
+# bench/drivers/torch_startup.py (init_process_group + one allreduce + barrier) at the sizes in -G.
 # Rounds are interleaved (N1 N2 ... then again); the table keeps the best and the spread.
 # With -c HOSTS, ringreduce's ranks are spread over HOSTS emulated hosts instead (scripts/cluster,
 # 10 Gbit/s links; root): N/HOSTS per host, shared memory within a host and TCP between them,
@@ -11,12 +11,12 @@
 # run`, a process per rank from a shell, and no store counts). -A: no alltoall in the checks
 # (over TCP it connects every pair of ranks on different hosts).
 #
-# usage: bench/startup.sh [-N "16 32 64 128 256"] [-r ROUNDS] [-g] [-G "16 32 64"]
+# usage: bench/drivers/startup.sh [-N "16 32 64 128 256"] [-r ROUNDS] [-g] [-G "16 32 64"]
 #                         [-c HOSTS] [-L ringrun|cluster] [-A] [-o OUTDIR] [-p PNG] [-B BUILD_DIR]
 # Writes OUTDIR/startup.csv, OUTDIR/startup.md and, with python3-matplotlib, the plot PNG
 # (default docs/startup.png).
 set -uo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 NS="16 32 64 128 256" ROUNDS=3 GLOO=0 GLOO_NS="16 32 64" HOSTS=0 OUT=/tmp/startup-$(date +%Y%m%d-%H%M%S)
 LAUNCH=ringrun PROG_ARGS=()
 PNG=$ROOT/docs/startup.png BUILD=$ROOT/build
@@ -73,7 +73,7 @@ per_host() {
 run_one() {
   local lib=$1 n=$2 round=$3 t0 t1 out line req="" per="" wall
   local cmd=("$RINGRUN" -n "$n" --store-stats --timeout 300 -- "$PROG" "${PROG_ARGS[@]}")
-  [ "$lib" = gloo ] && cmd=("$RINGRUN" -n "$n" --timeout 300 -- /usr/bin/python3 "$ROOT/bench/torch_startup.py")
+  [ "$lib" = gloo ] && cmd=("$RINGRUN" -n "$n" --timeout 300 -- /usr/bin/python3 "$ROOT/bench/drivers/torch_startup.py")
   if [ "$HOSTS" -gt 0 ] && [ "$lib" != gloo ]; then
     lib="ringreduce-${HOSTS}hosts"
     cmd=(per_host "$n")
@@ -122,11 +122,11 @@ for (lib, n), rs in sorted(by.items()):
 open(sys.argv[2], "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 EOF
-# The plot says where and when it was measured: machine, cores, date, version (bench/plot_caption.py).
+# The plot says where and when it was measured: machine, cores, date, version (bench/plots/plot_caption.py).
 setting="one host"
 [ "$HOSTS" -gt 0 ] && setting="ringreduce over $HOSTS emulated hosts at 10 Gbit/s"
 if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
-  /usr/bin/python3 "$ROOT/bench/plot_startup.py" "$csv" "$PNG" --setting "$setting"
+  /usr/bin/python3 "$ROOT/bench/plots/plot_startup.py" "$csv" "$PNG" --setting "$setting"
 else
   echo "(no plot: python3-matplotlib is not installed)"
 fi

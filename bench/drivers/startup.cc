@@ -1,5 +1,5 @@
 // ringreduce-startup: how long a job takes from launch to its first allreduce, and whether the
-// calls a large job starts with come out right (bench/startup.sh runs it at 16..256 ranks).
+// calls a large job starts with come out right (bench/drivers/startup.sh runs it at 16..256 ranks).
 //
 // Each rank notes when its process started (from /proc/self/stat, the kernel's clock since
 // boot, 10 ms ticks), when Communicator::from_env returned, and when its first allreduce (4

@@ -13,10 +13,10 @@
 # best round counts. Rows where a forced algorithm was not what ran (flat above its size limit)
 # are dropped.
 #
-# usage: bench/algo_sweep.sh [-o OUTDIR] [-N "2 4 8"] [-r ROUNDS] [-b MIN] [-e MAX] [-f FACTOR]
+# usage: bench/drivers/algo_sweep.sh [-o OUTDIR] [-N "2 4 8"] [-r ROUNDS] [-b MIN] [-e MAX] [-f FACTOR]
 #          [-l LABEL] [-p PNG_DIR] [-s shm|tcp] [--cluster RATE] [-B BUILD]
 set -u
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=/tmp/rr_algo_sweep NS="2 4 8" ROUNDS=3 MIN=4 MAX=256M FACTOR=4 LABEL="" DOCS=$ROOT/docs
 KIND=shm RATE="" BUILD=$ROOT/build
 while [ $# -gt 0 ]; do
@@ -77,7 +77,7 @@ for n in $NS; do
   [ -n "$RATE" ] && "$CLUSTER" down >&2
 done
 mkdir -p "$DOCS"
-"$PY" "$ROOT/bench/plot_algos.py" "$CSV" "$DOCS/algorithms_$LABEL.png" "$LABEL" >"$OUT/algorithms_$LABEL.md" ||
+"$PY" "$ROOT/bench/plots/plot_algos.py" "$CSV" "$DOCS/algorithms_$LABEL.png" "$LABEL" >"$OUT/algorithms_$LABEL.md" ||
   exit 1
 cp "$CSV" "$OUT/algorithms_$LABEL.md" "$DOCS/"
 say "wrote $DOCS/algorithms_$LABEL.png, .md, .csv"

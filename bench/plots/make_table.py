@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Markdown table from the raw outputs of bench/tcp_compare.sh (standard library only).
+"""Markdown table from the raw outputs of bench/drivers/compare.sh tcp (standard library only).
 
-usage: bench/make_table.py OUTDIR [--small BYTES]
+usage: bench/plots/make_table.py OUTDIR [--small BYTES]
 
 Reads OUTDIR/raw/<lib>_N<n>_r<round>.txt (nccl-tests style rows) and
 OUTDIR/raw/tcp_stream_N<n>_r<round>.txt, and prints, for each N, one row per size with every
@@ -50,7 +50,7 @@ def parse_rows(text, in_place=False):
     """{size: (time_us, busbw, wrong)} from nccl-tests style output: the out-of-place group, or
     with in_place=True the second (in-place) group of rows that have two. Rows with a single
     group are returned as they are either way: which variant that is, the program's header says
-    (bench/shm_compare.sh's bench/make_shm_table.py checks it)."""
+    (bench/drivers/compare.sh shm's bench/plots/make_shm_table.py checks it)."""
     rows = {}
     for line in text.splitlines():
         line = re.sub(r"^\[\d+\]\s", "", line)  # ringrun's "[rank] " prefix

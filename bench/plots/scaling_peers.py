@@ -1,20 +1,20 @@
 #!/usr/bin/env python3
 """Add the peers to the scaling experiment's data: Gloo and OpenMPI beside the ring and the star.
 
-usage: bench/scaling_peers.py SCALING_CSV OUTDIR...
+usage: bench/plots/scaling_peers.py SCALING_CSV OUTDIR...
 
-Each OUTDIR is a bench/cluster_compare.sh run on HOSTS hosts at the size of bench/scaling.sh's
+Each OUTDIR is a bench/drivers/cluster_compare.sh run on HOSTS hosts at the size of bench/drivers/scaling.sh's
 run (one size, -b SIZE -e SIZE), at the same rate, e.g. for 2..8 hosts at 1 Gbit/s and 64 MiB:
 
     for n in 2 3 4 5 6 7 8; do
-      bench/cluster_compare.sh -o /tmp/scaling-peers/N$n -H $n -R 1gbit -r 3 -b 64M -e 64M \
+      bench/drivers/cluster_compare.sh -o /tmp/scaling-peers/N$n -H $n -R 1gbit -r 3 -b 64M -e 64M \
         -l "ringreduce gloo mpi mpiring"
     done
-    bench/scaling_peers.py docs/scaling.csv /tmp/scaling-peers/N*
+    bench/plots/scaling_peers.py docs/scaling.csv /tmp/scaling-peers/N*
 
 Appends one row per peer, round and size, "hosts,algo,size_bytes,time_us,link_GBps" (algo: gloo,
 mpi, mpiring; link: that round's single-flow rate), to SCALING_CSV, replacing rows of the same
-peers and host counts already there. bench/plot_scaling.py then draws them beside the ring.
+peers and host counts already there. bench/plots/plot_scaling.py then draws them beside the ring.
 """
 import csv
 import os

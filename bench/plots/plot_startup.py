@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
-"""Plot of the start-up benchmark (bench/startup.sh).
+"""Plot of the start-up benchmark (bench/drivers/startup.sh).
 
-usage: bench/plot_startup.py STARTUP_CSV OUT_PNG [--setting TEXT] [--caption TEXT]
+usage: bench/plots/plot_startup.py STARTUP_CSV OUT_PNG [--setting TEXT] [--caption TEXT]
 
 Reads startup.sh's rows (lib,n,round,ready_s,first_allreduce_s,last_start_s,wall_s,
 store_requests,requests_per_rank,check), keeps the rounds whose checks passed, and draws per
 library the best round's launch-to-first-allreduce time against N and, beside it, the store
 requests per rank (where the store counted them; else when the last process started). The
 caption names the machine, date and version: by default this machine's, today and this
-checkout's (bench/plot_caption.py), after --setting (e.g. "over 8 emulated hosts"); --caption
+checkout's (bench/plots/plot_caption.py), after --setting (e.g. "over 8 emulated hosts"); --caption
 replaces it with the measuring run's when the plot is redrawn from a CSV in docs/.
 """
 import argparse

@@ -1,16 +1,16 @@
 #!/usr/bin/env python3
-"""Plot and table of the scaling experiment (bench/scaling.sh).
+"""Plot and table of the scaling experiment (bench/drivers/scaling.sh).
 
-usage: bench/plot_scaling.py SCALING_CSV OUT_PNG RATE_LABEL [--caption TEXT]
+usage: bench/plots/plot_scaling.py SCALING_CSV OUT_PNG RATE_LABEL [--caption TEXT]
 
 Reads rows "hosts,algo,size_bytes,time_us,link_GBps" (several per run: out of place, in place,
 rounds; the best is used), draws allreduce time against the number of hosts for the ring, the
 star, the ring bound 2(N-1)/N * K / B and the star bound (N-1) * K / B (B: the single-flow rate
 measured on that cluster), and every other algo in the CSV as a peer measured on the same
 clusters (gloo: Gloo's ring_chunked, mpi: OpenMPI's default, mpiring: OpenMPI's ring; rows added
-by bench/scaling_peers.py from bench/cluster_compare.sh runs), writes OUT_PNG, and prints the
+by bench/plots/scaling_peers.py from bench/drivers/cluster_compare.sh runs), writes OUT_PNG, and prints the
 markdown table. The plot's caption names the machine, date and version: by default this
-machine's, today and this checkout's (bench/plot_caption.py); --caption gives the measuring
+machine's, today and this checkout's (bench/plots/plot_caption.py); --caption gives the measuring
 run's when the plot is redrawn from old data.
 """
 import argparse
@@ -33,7 +33,7 @@ PEERS = {
     "mpi": ("OpenMPI default (measured)", "tab:purple", "v-"),
     "mpiring": ("OpenMPI ring (measured)", "tab:orange", "D-"),
     # ringreduce again, the tuner's choice, in the same runs as the peers (the ring and star
-    # series come from bench/scaling.sh's own runs).
+    # series come from bench/drivers/scaling.sh's own runs).
     "ringreduce": ("ringreduce, tuner's choice (measured beside the peers)", "tab:blue", "s--"),
 }
 

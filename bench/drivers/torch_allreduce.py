@@ -1,6 +1,6 @@
 """torch.distributed.all_reduce timed per size, nccl-tests style, for one backend.
 
-    ringrun -n 4 /usr/bin/python3 bench/torch_allreduce.py --backend ringreduce -b 4 -e 256M -f 4
+    ringrun -n 4 /usr/bin/python3 bench/drivers/torch_allreduce.py --backend ringreduce -b 4 -e 256M -f 4
 
 Rank 0 prints one row per size: size (B), count, type, redop, time (us, mean per call of the
 fastest of --reps timed batches), algbw, busbw (GB/s; busbw = algbw * 2(N-1)/N as nccl-tests),

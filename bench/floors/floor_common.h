@@ -1,6 +1,6 @@
-// What the floor benchmarks share (bench/latency_floor.cc, bench/jitter_floor.cc,
-// bench/stream_copy.cc): the CPUs they may use, pinning the calling thread to one (each measures
-// what pinned processes or threads can do), and their whole-number options.
+// What the floor benchmarks share (bench/floors/latency_floor.cc, bench/floors/jitter_floor.cc,
+// bench/floors/stream_copy.cc): the CPUs they may use, pinning the calling thread to one (each
+// measures what pinned processes or threads can do), and their whole-number options.
 #pragma once
 
 #include <sched.h>

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """How much of DDP's gradient allreduce hides behind backprop: one rank of the benchmark.
 
-    build/tools/ringrun -n 2 python3 bench/ddp_overlap.py --backend ringreduce
-    build/tools/ringrun -n 2 python3 bench/ddp_overlap.py --backend gloo
+    build/tools/ringrun -n 2 python3 bench/drivers/ddp_overlap.py --backend ringreduce
+    build/tools/ringrun -n 2 python3 bench/drivers/ddp_overlap.py --backend gloo
 
 A model whose gradients are large enough for communication to matter (an MLP of --width wide
 layers, 42M parameters by default: 168 MB of float32 gradients), DDP with its default 25 MiB
@@ -57,7 +57,7 @@ import torch.distributed as dist
 try:
     import ringreduce  # noqa: F401
 except ImportError:
-    _build = os.environ.get("RINGREDUCE_BUILD") or str(Path(__file__).resolve().parents[1] / "build")
+    _build = os.environ.get("RINGREDUCE_BUILD") or str(Path(__file__).resolve().parents[2] / "build")
     sys.path.insert(0, str(Path(_build) / "python"))
 
 

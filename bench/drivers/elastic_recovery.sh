@@ -7,7 +7,7 @@
 #            its agent's store. A torch program pays `import torch` and its own reload on top.
 # Rounds interleave the two; each line is one round's slowest survivor.
 #
-#   bench/elastic_recovery.sh [BUILD_DIR] [N] [ROUNDS]      (defaults: build 8 3)
+#   bench/drivers/elastic_recovery.sh [BUILD_DIR] [N] [ROUNDS]      (defaults: build 8 3)
 set -uo pipefail
 build=$(realpath "${1:-build}")
 n=${2:-8}

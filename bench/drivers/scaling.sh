@@ -8,14 +8,14 @@
 # and the star's own bound (N-1) * K / B (rank 0's link carries N-1 buffers each way).
 # Writes OUTDIR/scaling.csv and OUTDIR/scaling.md, the plot docs/scaling.png (or -p PNG), and
 # copies the table and the data beside the plot (docs/scaling.md, docs/scaling.csv); plotting with
-# bench/plot_scaling.py (python3-matplotlib). Each point is the mean over ITERS iterations (out of place
+# bench/plots/plot_scaling.py (python3-matplotlib). Each point is the mean over ITERS iterations (out of place
 # and in place are both kept; the plot uses the better of the two).
 #
-# usage: bench/scaling.sh [-o OUTDIR] [-N "2 3 4 5 6 7 8"] [-R RATE] [-s SIZE] [-n ITERS]
+# usage: bench/drivers/scaling.sh [-o OUTDIR] [-N "2 3 4 5 6 7 8"] [-R RATE] [-s SIZE] [-n ITERS]
 #                         [-p PNG] [-B BUILD_DIR]
 # Needs root; every cluster it brings up is taken down on exit.
 set -uo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
 OUT=/tmp/scaling-$(date +%Y%m%d-%H%M%S) NS="2 3 4 5 6 7 8" RATE=1gbit SIZE=64M ITERS=3
 PNG=$ROOT/docs/scaling.png BUILD=build
@@ -64,14 +64,14 @@ for n in $NS; do
     say "N=$n $algo: $(awk '$1 == "[0]" && $2 ~ /^[0-9]+$/ {print $7 " us (out of place), " $11 " us (in place)"}' "$raw")"
   done
 done
-"$PY" "$ROOT/bench/plot_scaling.py" "$OUT/scaling.csv" "$PNG" "$RATE" >"$OUT/scaling.md" || exit 1
+"$PY" "$ROOT/bench/plots/plot_scaling.py" "$OUT/scaling.csv" "$PNG" "$RATE" >"$OUT/scaling.md" || exit 1
 # The table and the data go beside the plot (docs/ by default).
 DOCS=$(dirname "$PNG")
 cp "$OUT/scaling.csv" "$DOCS/scaling.csv"
 {
   echo "# Scaling: ring vs star allreduce on the emulated cluster"
   echo
-  echo "Made by \`bench/scaling.sh\` on $(date -u '+%Y-%m-%d %H:%M UTC'), git $(git rev-parse --short HEAD 2>/dev/null)"
+  echo "Made by \`bench/drivers/scaling.sh\` on $(date -u '+%Y-%m-%d %H:%M UTC'), git $(git rev-parse --short HEAD 2>/dev/null)"
   echo "($(nproc)-core machine; scripts/cluster, tbf-shaped links). Plot: $(basename "$PNG"); data: scaling.csv."
   echo
   cat "$OUT/scaling.md"

@@ -9,11 +9,11 @@
 #   OUTDIR/raw/<wire>_r<round>.txt; the summary (best, median and worst of the rounds per format
 #   and size, and each format's ratio to none's best) to OUTDIR/summary.txt.
 #
-# usage: bench/wire_compare.sh [-o OUTDIR] [-H HOSTS] [-R RATE] [-r ROUNDS] [-b MIN] [-e MAX]
+# usage: bench/drivers/wire_compare.sh [-o OUTDIR] [-H HOSTS] [-R RATE] [-r ROUNDS] [-b MIN] [-e MAX]
 #                              [-f FACTOR] [-w "none bf16 fp8e4m3 auto"] [-S] [-B BUILD_DIR]
 # Needs root for the cluster (not with -S).
 set -uo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
 OUT=/tmp/wire_compare-$(date +%Y%m%d-%H%M%S)
 HOSTS=4 RATE=1gbit ROUNDS=3 MIN=64M MAX=64M FACTOR=4 WIRES="none bf16 fp8e4m3 auto" SHM=0

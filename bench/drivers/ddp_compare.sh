@@ -5,9 +5,9 @@
 # Prints each run's final line and a markdown table of the median step time over the rounds
 # (each run's own figure is the median of its steps after 5 warm-up steps).
 #
-# usage: bench/ddp_compare.sh [-N "2 4"] [-r ROUNDS] [-- extra train_ddp.py arguments]
+# usage: bench/drivers/ddp_compare.sh [-N "2 4"] [-r ROUNDS] [-- extra train_ddp.py arguments]
 set -euo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BUILD=${BUILD:-$ROOT/build}
 NS="2 4"
 ROUNDS=3

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Plot and table of the algorithm sweep (bench/algo_sweep.sh).
+"""Plot and table of the algorithm sweep (bench/drivers/algo_sweep.sh).
 
-usage: bench/plot_algos.py SWEEP_CSV OUT_PNG LABEL [--caption TEXT]
+usage: bench/plots/plot_algos.py SWEEP_CSV OUT_PNG LABEL [--caption TEXT]
 
 Reads rows "ranks,round,algo,size_bytes,time_us,busbw_GBps,ran"; per (ranks, algo, size) keeps
 the best round; drops forced rows where another algorithm ran (a size limit). Draws time and
@@ -9,7 +9,7 @@ busbw against size, one column per world size, with the crossovers of the best f
 marked; prints the markdown table: each algorithm's time, the best forced one, the tuner's pick,
 and two ratios to the best: the pick's own forced time (the choice's quality, free of the noise
 between two runs of one algorithm) and the tuner's run itself (the bar: within 10%). The plot's caption names the machine, date
-and version: by default this machine's, today and this checkout's (bench/plot_caption.py);
+and version: by default this machine's, today and this checkout's (bench/plots/plot_caption.py);
 --caption gives the measuring run's when the plot is redrawn from a CSV in docs/.
 """
 import argparse

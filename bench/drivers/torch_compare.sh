@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # torch.distributed.all_reduce (-t allreduce) or send/recv ping-pong (-t p2p), backend ringreduce
 # vs gloo, in the same run on this host: for each N, ROUNDS interleaved rounds run
-# bench/torch_allreduce.py or bench/torch_p2p.py once per backend (the order alternates per round)
+# bench/drivers/torch_allreduce.py or bench/drivers/torch_p2p.py once per backend (the order alternates per round)
 # under ringrun -n N (rank r pinned to core r mod ncores, one torch thread per rank). Prints a
 # markdown table of the best time per size over the rounds for each backend, each backend's
 # spread over the rounds (slowest/best - 1) and the ratio gloo/ringreduce; raw outputs go to
 # OUTDIR. PYTHON picks the interpreter (default /usr/bin/python3; another torch: see scripts/torch2).
 #
-# usage: bench/torch_compare.sh [-t allreduce|p2p] [-o OUTDIR] [-N "2 4"] [-r ROUNDS] [-b MIN]
+# usage: bench/drivers/torch_compare.sh [-t allreduce|p2p] [-o OUTDIR] [-N "2 4"] [-r ROUNDS] [-b MIN]
 #                               [-e MAX] [-f FACTOR]
 #   Defaults: -t allreduce -N "2 4" -r 3 -b 4 -e 256M (p2p: 64M) -f 4. Every run is bounded by
 #   ringrun --timeout.
 set -euo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BUILD=${BUILD:-$ROOT/build}
 OUT=/tmp/torch_compare-$(date +%Y%m%d-%H%M%S)
 NS="2 4"
@@ -48,7 +48,7 @@ for n in $NS; do
     for b in $order; do
       echo "== N=$n round $round $b" >&2
       "$BUILD/tools/ringrun" -n "$n" --timeout 900 "$PY" \
-        "$ROOT/bench/$SCRIPT" --backend "$b" -b "$MIN" -e "$MAX" -f "$FACTOR" \
+        "$ROOT/bench/drivers/$SCRIPT" --backend "$b" -b "$MIN" -e "$MAX" -f "$FACTOR" \
         > "$OUT/n${n}_r${round}_$b.txt" 2>&1 || { echo "run failed: $OUT/n${n}_r${round}_$b.txt" >&2; exit 1; }
     done
   done
