@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The scaling experiment of seed 001 on an emulated cluster (scripts/cluster): allreduce time of
+# docs/scaling.md's experiment on an emulated cluster (scripts/cluster): allreduce time of
 # SIZE (default 64 MiB, float32 sum) for N = 2..8 hosts, one rank each, links shaped to RATE
 # (default 1gbit), for
 #   ring   ringreduce's pipelined ring (RINGREDUCE_ALGO=allreduce:ring)

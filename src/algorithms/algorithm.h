@@ -62,9 +62,10 @@ struct Context {
     void* operator()(size_t bytes) const { return fn(owner, bytes); }
   } scratch;
   // The ring that the ring and chain algorithms run over: ring[p] is the rank at position p,
-  // ring_pos[r] the position of rank r. The communicator orders it by host (seed 001: "the
-  // algorithm functions best if all GPUs on a node are next to each other in the ring"), so each
-  // host has one inbound and one outbound network link. Null: rank order.
+  // ring_pos[r] the position of rank r. The communicator orders it by host (docs/ARCHITECTURE.md,
+  // "Shared memory, and communicators that span hosts": hosts in the order of their lowest rank, a
+  // host's ranks in rank order), so each host has one inbound and one outbound network link. Null:
+  // rank order.
   const int* ring = nullptr;
   const int* ring_pos = nullptr;
   // Ranks per host when every host has as many (the ring then holds host h at positions

@@ -33,7 +33,8 @@ const std::vector<Algorithm>& all_algorithms() {
       {"rabenseifner",  Collective::allreduce,     14, rabenseifner_allreduce,        false, SIZE_MAX,        rabenseifner_allreduce_cost, "tcp",     nullptr,                nullptr},
       {"tree",          Collective::allreduce,     15, tree_allreduce,                false, SIZE_MAX,        tree_allreduce_cost,         "tcp",     tree_allreduce_segment, nullptr},
       {"hierarchical",  Collective::allreduce,     12, hierarchical_allreduce,        false, SIZE_MAX,        nullptr,                     "tcp",     nullptr,                hierarchical_allreduce_applies},
-      // For seed 001's comparison only (bench/drivers/scaling.sh): never picked.
+      // For the ring-against-star scaling comparison only (bench/drivers/scaling.sh,
+      // docs/scaling.md): never picked.
       {"star",          Collective::allreduce,     13, star_allreduce,                false, SIZE_MAX,        nullptr,                     "",        nullptr,                nullptr},
       {"ring",          Collective::reduce_scatter, 2, ring_reduce_scatter,           false, SIZE_MAX,        nullptr,                     "",        nullptr,                nullptr},
       {"ring",          Collective::allgather,      3, ring_allgather,                false, SIZE_MAX,        nullptr,                     "",        nullptr,                nullptr},

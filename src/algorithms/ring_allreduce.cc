@@ -1,4 +1,4 @@
-// The bandwidth-optimal ring allreduce of the seeds: a reduce-scatter then an allgather, each
+// The bandwidth-optimal ring allreduce (ring_schedule.h): a reduce-scatter then an allgather, each
 // N-1 steps, every rank sending and receiving 2(N-1)/N of the buffer.
 //
 // The whole schedule is posted at once and the transport runs it as a pipeline: each chunk is cut

@@ -17,7 +17,7 @@ namespace ringreduce::algorithms {
 // chunks differ in length by an element.
 class RingCuts {
  public:
-  // allreduce: chunk j is split(part.count, n, j), seed 000's near-equal chunks.
+  // allreduce: chunk j is split(part.count, n, j), near-equal chunks (ring_schedule.h).
   static RingCuts split_chunks(const Range& part, int n, size_t elem, size_t segment_bytes) {
     return RingCuts(part, 0, n, elem, segment_bytes);
   }
@@ -147,7 +147,7 @@ struct RingView {
 enum class RingPhases { reduce_scatter, allgather, both };
 
 // Posts a ring allreduce of the `part` elements (offset and count into in and out, chunked
-// split(part, n, j) as seed 000 does) over ring v, or one half of it:
+// split(part, n, j), ring_schedule.h) over ring v, or one half of it:
 //   reduce_scatter: the rank at position p ends with chunk owned_chunk(p, n) fully reduced in out
 //     (other chunks of out hold partial sums or nothing);
 //   allgather: every rank sends its owned chunk from out and receives the others into out;

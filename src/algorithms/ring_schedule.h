@@ -1,4 +1,4 @@
-// The ring schedule of the seeds, as functions: which chunk each rank sends and receives at each
+// The ring allreduce's schedule, as functions: which chunk each rank sends and receives at each
 // step. The ring algorithms run exactly these functions, and examples/ring_schedule prints them.
 #pragma once
 
@@ -13,7 +13,7 @@ struct Range {
 };
 
 // Part `index` of `parts` near-equal parts of `count` elements: the first count % parts parts are
-// one element longer (seed 000's convention), so any count splits over any number of parts,
+// one element longer, so any count splits over any number of parts,
 // including counts smaller than parts (the tail parts are empty).
 Range split(size_t count, size_t parts, size_t index);
 
@@ -22,9 +22,9 @@ struct RingStep {
   int recv_chunk;
 };
 
-// Reduce-scatter step t (0 <= t < n-1) on rank r, as seed 001 tabulates it: rank r sends chunk
-// (r - t) mod n to rank r+1 and receives chunk (r - t - 1) mod n from rank r-1, which it reduces
-// into its own copy. After n-1 steps rank r holds the fully reduced chunk (r + 1) mod n.
+// Reduce-scatter step t (0 <= t < n-1) on rank r, as examples/ring_schedule prints it: rank r sends
+// chunk (r - t) mod n to rank r+1 and receives chunk (r - t - 1) mod n from rank r-1, which it
+// reduces into its own copy. After n-1 steps rank r holds the fully reduced chunk (r + 1) mod n.
 // `shift` rotates the assignment (the reduce_scatter collective uses shift = -1 so that rank r
 // ends with chunk r).
 RingStep reduce_scatter_step(int r, int n, int t, int shift = 0);

@@ -1,7 +1,8 @@
 // Star allreduce: every rank sends its whole buffer to rank 0, which reduces and sends the result
 // back. Rank 0's link carries (N-1) x K each way, so the time grows linearly with N where the
-// ring's 2(N-1)/N x K stays flat (seed 001). It exists for that comparison
-// (bench/drivers/scaling.sh); the tuner never picks it, RINGREDUCE_ALGO=allreduce:star forces it.
+// ring's 2(N-1)/N x K stays flat (docs/scaling.md measures both). It exists for that
+// comparison (bench/drivers/scaling.sh); the tuner never picks it, RINGREDUCE_ALGO=allreduce:star
+// forces it.
 //
 // Rank 0 works segment by segment, so it needs (N-1) x 2 segments of scratch, not (N-1) x K: the
 // receives of segment s+1 are posted before segment s is reduced, and each reduced segment goes

@@ -383,7 +383,7 @@ TEST_P(Matrix, ReduceScatterAllgatherBroadcastReduceAlltoall) {
 // file). N = 1 runs over shm only: a world of one sets up no link whatever the settings
 // (comm_impl.cc) and every collective returns before it would use one, so tcp_N1 and mix_N1 would
 // repeat it.
-// The star allreduce exists for seed 001's comparison only (bench/drivers/scaling.sh; the tuner
+// The star allreduce exists for the scaling comparison only (bench/drivers/scaling.sh; the tuner
 // never picks it): a world of each transport and an uneven and a larger N, not the whole matrix
 // (where it took 56 s of ctest's serial time).
 class Star : public Matrix {};

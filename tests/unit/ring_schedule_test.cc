@@ -1,4 +1,6 @@
-// The ring schedule: its arithmetic, and the example's output against the seeds' tables.
+// The ring schedule: its arithmetic, and the example's output against tables written out below
+// (as the project's founding notes, seeds 000 and 001, drew them; those notes are not in this
+// repository, docs/ARCHITECTURE.md does not reproduce them, and these tests are their record).
 #include <gtest/gtest.h>
 
 #include <array>
@@ -76,7 +78,7 @@ TEST(RingSchedule, ExampleReproducesSeed001TablesForFiveRanks) {
 
 TEST(RingSchedule, ExampleFourRanksMatchesSeed000AndEndsFullyReduced) {
   const std::string out = run_example(4);
-  // Seed 000's state after the first scatter-reduce step.
+  // The state after the first scatter-reduce step (seed 000's table).
   EXPECT_NE(out.find("rank 0: a0       b0       c0       d0d3"), std::string::npos) << out;
   EXPECT_NE(out.find("rank 1: a1a0     b1       c1       d1"), std::string::npos) << out;
   // Final state: the last "State" block; every cell holds its chunk from all four ranks.
