@@ -211,6 +211,7 @@ class RingreduceGroup : public Base {
     const Call c{rank_, "reduce"};
     at::Tensor& user = single(tensors, c);
     check_root(opts.rootRank, c);
+    check(opts.rootTensor == 0, c, "rootTensor must be 0 (one tensor per rank)");
     const int root = static_cast<int>(opts.rootRank);
     const Elems e = reduce_elems(user, opts.reduceOp, c);
     const Reduction r = reduction(opts.reduceOp, c);
