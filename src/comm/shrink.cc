@@ -271,7 +271,14 @@ std::unique_ptr<CommImpl> CommImpl::shrink_attempt(const std::vector<bool>& excl
   std::vector<bool> in_it(static_cast<size_t>(size_), false);
   for (int q : members) in_it[static_cast<size_t>(q)] = true;
   FloodAgreement commit(rank_, size_, control_->epoch, in_it, built);
-  const AgreeDecision c = run_agreement(*control_, commit, deadline, timeout);
+  // The commit gets a window of its own even when the first agreement or the links used up the
+  // call's deadline: with none left, members alive and answering would be taken for dead before
+  // their first word was read, and every survivor would fail the shrink (seen once under ASan
+  // in CI: "ranks kept failing ... (1 attempts)" after a slow first phase).
+  const auto floor = std::min(timeout, std::chrono::milliseconds(2000));
+  const auto commit_deadline =
+      deadline.remaining_ms() < floor.count() ? core::Deadline::after(floor) : deadline;
+  const AgreeDecision c = run_agreement(*control_, commit, commit_deadline, timeout);
   if (c.flag() && c.ranks() == members) return child;
   if (c.ranks() == members)
     // Nobody died: what failed will fail again. Every survivor raises, the one that failed
