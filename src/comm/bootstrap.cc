@@ -64,6 +64,18 @@ std::string CommImpl::host_id() const {
                                                    : "id:" + config_.str("RINGREDUCE_HOST_ID");
 }
 
+namespace {
+
+// The job's namespace, under a generation of its own where the launcher's store outlives its
+// worker groups (torchrun: rendezvous/join.h, first_free_generation).
+std::string with_generation(const std::shared_ptr<Store>& store, const std::string& prefix) {
+  if (!rendezvous::rounds_share_store()) return prefix;
+  PrefixStore job(store, prefix);
+  return prefix + "/" + rendezvous::first_free_generation(job);
+}
+
+}  // namespace
+
 std::exception_ptr CommImpl::startup_failed(const Error& e, const Options& options,
                                             const SplitFrom* from) {
   std::string who;
@@ -98,7 +110,9 @@ std::exception_ptr CommImpl::startup_failed(const Error& e, const Options& optio
     if (store_server_ && !from) rendezvous::linger_for_readers(*store_, size_ - 1, kLinger);
   } else if (from || options.store) {
     // The store was given (a split's parent's, or the caller's): its keys are under the prefix.
-    PrefixStore store(from ? from->store : options.store, options.store_prefix);
+    PrefixStore store(
+        from ? from->store : options.store,
+        from ? options.store_prefix : with_generation(options.store, options.store_prefix));
     rendezvous::mark_failed(store, what);
   } else {
     // Failed before reaching the store (a setting that does not parse): reach it now, briefly,
@@ -132,8 +146,9 @@ std::exception_ptr CommImpl::startup_failed(const Error& e, const Options& optio
           job = rendezvous::job_id(config_);
         } catch (...) {
         }
-        PrefixStore store(tcp,
-                          job.empty() ? options.store_prefix : options.store_prefix + "/" + job);
+        PrefixStore store(
+            tcp, with_generation(
+                     tcp, job.empty() ? options.store_prefix : options.store_prefix + "/" + job));
         rendezvous::mark_failed(store, what);
         if (server) {
           // How many will read it, if the world size can be read.
@@ -235,7 +250,8 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
     if (size_ < 1 || rank_ < 0 || rank_ >= size_)
       throw InvalidArgument("rank " + std::to_string(rank_) + " is outside a world of " +
                             std::to_string(size_));
-    store_ = std::make_shared<PrefixStore>(options.store, options.store_prefix);
+    store_ = std::make_shared<PrefixStore>(options.store,
+                                           with_generation(options.store, options.store_prefix));
     job_store_ = store_;
     stall_store = [store = store_] { return store; };
     store_host = "127.0.0.1";
@@ -265,7 +281,7 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
     // jobs never mixes their keys.
     const std::string job = rendezvous::job_id(config_);
     const std::string prefix =
-        job.empty() ? options.store_prefix : options.store_prefix + "/" + job;
+        with_generation(tcp, job.empty() ? options.store_prefix : options.store_prefix + "/" + job);
     store_ = std::make_shared<PrefixStore>(tcp, prefix);
     job_store_ = store_;
     // A client of its own with a short timeout: when the store's host is stuck, a stall report

@@ -192,6 +192,14 @@ std::vector<uint8_t> FailFastStore::get(const std::string& key, milliseconds tim
   throw Error("store: the job's failure mark was set and then gone");  // not reached
 }
 
+std::string first_free_generation(Store& store) {
+  // Bounded by the groups the store has seen: one per rendezvous round or restart.
+  for (uint64_t k = 0;; ++k) {
+    const std::string gen = "gen" + std::to_string(k);
+    if (!store.check({gen + "/table"}) && !store.check({gen + "/" + kFailed})) return gen;
+  }
+}
+
 JobTable join(Store& store, const JoinRecord& mine, uint64_t comm_id, milliseconds timeout) {
   const std::string r = std::to_string(mine.rank);
   const int n = mine.world_size;

@@ -48,6 +48,15 @@ void mark_failed(Store& store, const std::string& message);
 // The message of the job's failure, if it is marked failed.
 std::optional<std::string> job_failure(Store& store);
 
+// A store that outlives the groups made on it, by design: torch 2.x's torchrun keeps one TCPStore
+// (the agent store, shared by every rendezvous round) for the whole job, and a restart under
+// 1.13's static rendezvous reuses the agent's; keys of an earlier round (its table, its failure
+// mark) must not confuse the next. Each group then joins under the first generation, "gen<k>",
+// in which no group has started (no table) or failed (no failure mark). Every rank of a new
+// group finds the same one: its table is written only after every rank of the group has claimed
+// there, so a table a rank finds before its own claim is an earlier group's. Returns "gen<k>".
+std::string first_free_generation(Store& store);
+
 // For the rank that hosts the store and fails: waits until `others` ranks have read the mark
 // (FailFastStore counts its readers), or `limit`, so that the store outlives the news.
 void linger_for_readers(Store& store, int others, std::chrono::milliseconds limit);

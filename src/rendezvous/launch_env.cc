@@ -280,19 +280,19 @@ std::shared_ptr<Store> connect_store(const std::string& host, int port, bool tor
   return connect_tcp_store(host, port, timeout, token);
 }
 
+bool rounds_share_store() {
+  return launcher_var("TORCHELASTIC_RUN_ID") || launcher_var("TORCHELASTIC_RESTART_COUNT");
+}
+
 std::string job_id(const core::Config& config) {
   std::string id = trim(config.str("RINGREDUCE_JOB_ID"));
   if (!id.empty()) return id;
-  auto run = launcher_var("TORCHELASTIC_RUN_ID");
-  auto restart = launcher_var("TORCHELASTIC_RESTART_COUNT");
-  if ((run && !trim(*run).empty() && trim(*run) != "none") || restart) {
-    // The agent's store outlives a restart of the workers (torchrun --max-restarts), keys and
-    // failure mark included: each attempt gets a namespace of its own, as torch's own
-    // init_process_group does. Also under the static rendezvous, whose run id is "none": its
-    // restarts reuse the agent's store too (seen: every restarted rank refused as "a job that has
-    // already started").
-    const std::string id = run && !trim(*run).empty() ? trim(*run) : "none";
-    return "torchrun-" + id + (restart ? "." + trim(*restart) : "");
+  if (rounds_share_store()) {
+    // Not the restart count: it is each agent's own, and an agent that joins an elastic job
+    // later counts from 0 where the others are at 2. The groups of one job are told apart by
+    // their generation in the store (first_free_generation), as its store outlives them.
+    auto run = launcher_var("TORCHELASTIC_RUN_ID");
+    return "torchrun-" + (run && !trim(*run).empty() ? trim(*run) : std::string("none"));
   }
   if (auto job = launcher_var("SLURM_JOB_ID")) {
     auto step = launcher_var("SLURM_STEP_ID");

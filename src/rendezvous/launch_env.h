@@ -55,9 +55,13 @@ std::shared_ptr<Store> connect_store(const std::string& host, int port, bool tor
                                      std::chrono::milliseconds timeout, const std::string& token);
 
 // The job's own namespace in the store: RINGREDUCE_JOB_ID, else the launcher's job id
-// (torchrun's TORCHELASTIC_RUN_ID and TORCHELASTIC_RESTART_COUNT, Slurm's
+// (torchrun's TORCHELASTIC_RUN_ID, Slurm's
 // SLURM_JOB_ID.SLURM_STEP_ID, Open MPI's OMPI_MCA_ess_base_jobid), else "" (none: a store reused by
 // two jobs is then refused at their claims, rendezvous/join.h).
 std::string job_id(const core::Config& config);
+
+// Launched by torchrun, whose store outlives its worker groups (a restart, an elastic round):
+// each group joins under a generation of its own (first_free_generation, join.h).
+bool rounds_share_store();
 
 }  // namespace ringreduce::rendezvous

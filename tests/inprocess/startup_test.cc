@@ -104,6 +104,31 @@ TEST(StartUp, AReusedStoreNeedsAJobIdOfItsOwn) {
   expect_all_failed(second, {0, 1}, {"RINGREDUCE_JOB_ID"});
 }
 
+// Under torchrun the store outlives the worker groups (torch 2.x keeps one for every elastic
+// round): each group joins under the first generation no group has started or failed in, so a
+// group of 2 after a group of 3 (a node left), one that failed at start-up, and a group of 3
+// again (it came back) all start on the same store and keys.
+TEST(StartUp, GroupsOfATorchrunJobTakeTheNextGenerationOfTheStore) {
+  struct Env {
+    Env() { ::setenv("TORCHELASTIC_RUN_ID", "rounds", 1); }
+    ~Env() { ::unsetenv("TORCHELASTIC_RUN_ID"); }
+  } torchrun;
+  auto store = ringreduce::make_memory_store();
+  const std::string p = unique_prefix();
+  auto ok = [](const std::vector<Outcome>& out) {
+    for (const auto& o : out) EXPECT_TRUE(o.error.empty()) << o.error;
+  };
+  ok(start({rank(0, 3, store, p), rank(1, 3, store, p), rank(2, 3, store, p)}));
+  ok(start({rank(0, 2, store, p), rank(1, 2, store, p)}));
+  // A group whose ranks disagree fails at start-up and marks its generation failed.
+  auto bad = start({rank(0, 2, store, p, {{"RINGREDUCE_CHANNELS", "2"}}), rank(1, 2, store, p)});
+  EXPECT_FALSE(bad[0].error.empty());
+  EXPECT_FALSE(bad[1].error.empty());
+  ok(start({rank(0, 3, store, p), rank(1, 3, store, p), rank(2, 3, store, p)}));
+  EXPECT_TRUE(store->check({p + "/gen3/table"}));
+  EXPECT_FALSE(store->check({p + "/gen4/table"}));
+}
+
 TEST(StartUp, ABadSettingOnOneRankFailsTheOthersAtOnce) {
   auto store = ringreduce::make_memory_store();
   const std::string p = unique_prefix();

@@ -397,12 +397,13 @@ TEST(TorchStore, LaunchEnvTellsTheAgentStore) {
     EXPECT_TRUE(info.torch_store);
     EXPECT_EQ(info.store_port, 29511);
     EXPECT_TRUE(launch_hints(config).torch_store);
-    // Each restart of the workers in a namespace of its own: the agent's store outlives them.
-    EXPECT_EQ(job_id(config), "torchrun-job7.2");
+    // The run's id, not the restart count (each agent's own: one that joins later counts from
+    // 0); the groups of a run are told apart by their generation in the store.
+    EXPECT_EQ(job_id(config), "torchrun-job7");
+    EXPECT_TRUE(rounds_share_store());
     {
-      // The static rendezvous's run id, "none": its restarts still get namespaces of their own.
-      Env none("TORCHELASTIC_RUN_ID", "none");
-      EXPECT_EQ(job_id(config), "torchrun-none.2");
+      Env none("TORCHELASTIC_RUN_ID", "none");  // the static rendezvous's
+      EXPECT_EQ(job_id(config), "torchrun-none");
     }
     core::Config own(std::map<std::string, std::string>{{"RINGREDUCE_ADDR", "127.0.0.1:29600"}});
     EXPECT_FALSE(detect_launch(own).torch_store);
