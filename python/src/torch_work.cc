@@ -159,6 +159,7 @@ bool WorkRR::wait(std::chrono::milliseconds timeout) {
 void WorkRR::complete(std::exception_ptr e) {
   if (!e && after_) {
     try {
+      const at::ThreadLocalStateGuard as_the_caller(caller_state_);
       after_();
     } catch (...) {
       e = std::current_exception();

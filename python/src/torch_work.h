@@ -3,6 +3,8 @@
 // 1.13's ProcessGroup and torch 2.x's Backend: their Work and Store classes are the same.
 #pragma once
 
+#include <ATen/ThreadLocalState.h>
+
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
@@ -112,6 +114,10 @@ class WorkRR : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   std::vector<at::Tensor> keep_;
   std::function<void()> after_;
+  // The issuing thread's (inference mode, grad mode, dispatch keys): `after` writes the caller's
+  // output tensors from whichever thread completes the op, and torch refuses an in-place write
+  // to an inference tensor outside inference mode (gloo carries the state to its worker too).
+  at::ThreadLocalState caller_state_;
   rr::Communicator* comm_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };

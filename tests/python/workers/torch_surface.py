@@ -229,6 +229,21 @@ def ag_uneven(g):
 case("all_gather uneven", ag_uneven, [torch.full((r + 1,), float(r)) for r in range(N)], gloo=False)
 
 
+def ag_inference(g):
+    # Outputs made under inference mode are written from the thread that completes the op, which
+    # must act in the caller's mode (torch refuses in-place writes to inference tensors outside
+    # it); found by torch's own test_allgather_inference_mode. Async, so the progress thread does.
+    with torch.inference_mode():
+        outs = [torch.full((1000,), -1.0) for _ in range(N)]
+        dist.all_gather(outs, torch.full((1000,), float(R)), group=g, async_op=True).wait()
+        bc = torch.full((1000,), float(R))
+        dist.broadcast(bc, 0, group=g, async_op=True).wait()
+        return outs + [bc]
+# (gloo=False: torch 1.13's gloo raises exactly that error; 2.x's carries the mode.)
+case("all_gather and broadcast under inference_mode", ag_inference,
+     [torch.full((1000,), float(r)) for r in range(N)] + [torch.zeros(1000)], gloo=False)
+
+
 def rs_uneven(g):
     out = torch.empty(R + 2)
     dist.reduce_scatter(out, [torch.full((r + 2,), float(R + 1)) for r in range(N)], group=g)
