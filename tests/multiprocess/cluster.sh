@@ -11,7 +11,10 @@
 #   slurm     Slurm's variables, set by hand as srun would, 2 hosts x 2 ranks
 #   srun      Debian's Slurm on 4 hosts (scripts/cluster up --slurm): srun of 4 x 2 ranks,
 #             docs/CLUSTER.md's batch script, verbatim, under sbatch --wait, torch DDP under srun,
-#             and a rank SIGKILLed in the middle of an srun job: the others name it, srun ends
+#             a program built against the installed package under srun, a rank SIGKILLed in
+#             the middle of an srun job (the others name it, srun ends), and a whole node dying
+#             (slurmd, slurmstepd and its ranks: the others name one of its ranks, srun ends on
+#             Slurm's node failure)
 #   torchrun  torchrun's variables, 3 hosts x 1 rank
 #   torchrun-elastic  torchrun's c10d rendezvous (--nnodes 1:3) over 3 hosts with the torch
 #             backend: a host leaves (SIGKILL) and joins again, the group goes on each time
@@ -61,6 +64,7 @@ cleanup() {
     wait "$runner" 2>/dev/null
   fi
   "$cluster" down
+  [ -n "${RR_CHROOT:-}" ] && rmdir "$RR_CHROOT$work" 2>/dev/null  # the torchrun-elastic bind's mount point
   rm -rf "$work"
   if ip netns list | grep -q "^${CLUSTER_NAME}"; then echo "FAILED: namespaces left behind"; exit 1; fi
 }
@@ -80,7 +84,8 @@ check_run() {
     grep '^cluster:' <<<"$out" | head -300
     fail "$what (rc $rc)"
   fi
-  echo "ok: $what ($(grep -c '^\[0\] \{3,\}[0-9]' <<<"$out") rows)"
+  # Rows of rank 0's table: "[0]"-prefixed by scripts/cluster run, bare under srun.
+  echo "ok: $what ($(grep -cE '^(\[0\] )? {3,}[0-9]' <<<"$out") rows)"
 }
 
 case "$case_name" in
@@ -158,6 +163,21 @@ case "$case_name" in
     grep -q "Out of bounds values : 0 OK" "$work/sbatch.out" && grep -q "8 ranks" "$work/sbatch.out" ||
       { cat "$work/sbatch.out"; fail "sbatch: the job's output"; }
     echo "ok: docs/CLUSTER.md's batch script under sbatch, 4 nodes x 2 tasks"
+    # A user's program built against the installed package (find_package(ringreduce CONFIG), as
+    # tests/package/check.sh builds it), 4 nodes x 2 tasks: Communicator::from_env() reads
+    # Slurm's variables itself.
+    timeout 120 cmake --install "$build" --prefix "$work/prefix" >"$work/install.log" 2>&1 ||
+      { cat "$work/install.log"; fail "cmake --install"; }
+    timeout 120 cmake -S "$here/../package/consumer" -B "$work/consumer" -G Ninja \
+      -DCMAKE_PREFIX_PATH="$work/prefix" >>"$work/install.log" 2>&1 &&
+      timeout 300 cmake --build "$work/consumer" --target consumer >>"$work/install.log" 2>&1 ||
+      { cat "$work/install.log"; fail "building the consumer against the installed package"; }
+    timeout 120 "$cluster" exec 0 -- srun -N 4 --ntasks-per-node 2 env -u LD_LIBRARY_PATH \
+      RINGREDUCE_ADDR=10.213.77.1:29500 "$work/consumer/consumer" >"$work/consumer.out" 2>&1 ||
+      { cat "$work/consumer.out"; fail "the installed package's consumer under srun"; }
+    [ "$(grep -c "^consumer ok: rank [0-7] of 8," "$work/consumer.out")" = 8 ] ||
+      { cat "$work/consumer.out"; fail "the consumer under srun: not 8 ranks ok"; }
+    echo "ok: a program built against the installed package, under srun, 4 nodes x 2 tasks"
     # torch DDP under srun (backend ringreduce), torch.distributed's variables from Slurm's as a
     # batch script sets them.
     if /usr/bin/python3 -c 'import torch, sklearn' 2>/dev/null && [ -d "$build/python/ringreduce/torch" ]; then
@@ -200,6 +220,32 @@ case "$case_name" in
     [ "$took_ms" -lt 20000 ] || { cat "$work/killed.out"; fail "srun took ${took_ms} ms to end"; }
     grep "rank 2" "$work/killed.out" | head -4
     echo "ok: a rank SIGKILLed under srun: every other rank named it, srun ended ${took_ms} ms after (rc $rc)"
+    # A node dies (every process of host 2: slurmd, slurmstepd, its 2 ranks): the ranks of the
+    # other nodes fail at once naming a rank of it; srun ends when slurmctld declares the node
+    # down (SlurmdTimeout=10 in scripts/cluster_slurm.sh: 25 s here), not before, as Slurm waits
+    # for the node's tasks.
+    timeout 120 "$cluster" exec 0 -- srun -N 4 --ntasks-per-node 2 env RINGREDUCE_ADDR=10.213.77.1:29500 \
+      RINGREDUCE_TIMEOUT=30 "$perf" allreduce -b 16M -e 16M -n 1000 -w 1 -c 0 >"$work/node.out" 2>&1 &
+    runner=$!
+    for _ in $(seq 1 300); do  # bounded: 30 s for host 2's ranks to start
+      [ "$(ip netns pids "${CLUSTER_NAME}h2" | xargs -r ps -o comm= -p | grep -c ringreduce-perf)" = 2 ] && break
+      sleep 0.1
+    done
+    sleep 2
+    ip netns pids "${CLUSTER_NAME}h2" | xargs -r kill -KILL
+    cut=$(date +%s%N)
+    wait "$runner"
+    rc=$?
+    runner=""
+    took_ms=$((($(date +%s%N) - cut) / 1000000))
+    [ "$rc" -ne 0 ] || fail "srun exited 0 after node 2 died"
+    for r in 0 1 2 3 6 7; do
+      grep -q "^ringreduce-perf: rank $r: .*rank [45]" "$work/node.out" ||
+        { cat "$work/node.out"; fail "rank $r did not fail naming rank 4 or 5 (node 2's)"; }
+    done
+    grep -q "Node failure on ${CLUSTER_NAME}h2" "$work/node.out" || { cat "$work/node.out"; fail "srun did not report the node failure"; }
+    [ "$took_ms" -lt 60000 ] || fail "srun took ${took_ms} ms to end after node 2 died"
+    echo "ok: node 2 died under srun: ranks 0-3 and 6-7 named a rank of it, srun ended ${took_ms} ms after on Slurm's node failure"
     ;;
   torchrun-elastic)
     # torchrun's c10d rendezvous across 3 hosts (--nnodes 1:3), backend ringreduce on the
@@ -207,23 +253,59 @@ case "$case_name" in
     # of 2, host 2 joins again, the group of 3 goes on; every step's allreduce exact at its world
     # size, a fresh communicator per group. The agents run with their hosts' names (as on real
     # hosts: each tells its workers a host name, which must resolve).
-    /usr/bin/python3 -c 'import torch' 2>/dev/null && [ -d "$build/python/ringreduce/torch" ] ||
-      { echo "skipped: needs torch and the ringreduce torch backend"; exit 77; }
+    # With RR_CHROOT (scripts/torch2 sets it: its suite's root, this clone mounted at /src in it,
+    # BUILD_DIR its build) the agents run in that root, with its Python and torch (2.6, 2.14);
+    # else with the host's (1.13).
+    # Every worker line in the agent's log (--tee), stderr too where the torchrun can (2.x: a
+    # worker's error then shows; torch 1.13's torchrun on Python 3.11 fails with anything but
+    # stdout alone, tests/python/test_torchrun.py says why).
+    py=(/usr/bin/python3) src=$here/../.. pybuild=$build tee=(--redirects 1 --tee 1)
+    if [ -n "${RR_CHROOT:-}" ]; then
+      # Inside `cluster exec`'s own mount namespace: the host's name resolution (the namespace's
+      # /etc/hosts) into the root, then the root; nothing of the host's environment leaks in.
+      # The work folder (the finish flag) is bound at its own path in the root.
+      # shellcheck disable=SC2016  # expanded by that shell
+      py=(sh -c 'mkdir -p "$0$1" && mount --bind "$1" "$0$1" && mount --bind /etc/hosts "$0/etc/hosts" &&
+            shift && exec chroot "$0" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
+            LANG=C.UTF-8 USE_LIBUV=0 PYTHONUNBUFFERED=1 PYTHONPATH="$PYTHONPATH" RINGREDUCE_TIMEOUT="$RINGREDUCE_TIMEOUT" \
+            RINGREDUCE_SOCKET_IFNAME="$RINGREDUCE_SOCKET_IFNAME" \
+            TORCH_DISABLE_SHARE_RDZV_TCP_STORE="$TORCH_DISABLE_SHARE_RDZV_TCP_STORE" "$@"' \
+          "$RR_CHROOT" "$work" /usr/bin/python3)
+      src=/src pybuild=/src/$(basename "$build") tee=(--redirects 3 --tee 3)
+      chroot "$RR_CHROOT" /usr/bin/python3 -c 'import torch' 2>/dev/null &&
+        [ -d "$build/python/ringreduce/torch" ] ||
+        { echo "skipped: needs torch and the ringreduce torch backend in $RR_CHROOT"; exit 77; }
+    else
+      /usr/bin/python3 -c 'import torch' 2>/dev/null && [ -d "$build/python/ringreduce/torch" ] ||
+        { echo "skipped: needs torch and the ringreduce torch backend"; exit 77; }
+    fi
+    echo "torch $(chroot "${RR_CHROOT:-/}" /usr/bin/python3 -c 'import torch; print(torch.__version__)')"
     "$cluster" up 3 --rate 10gbit || fail "cluster up"
     agent() {  # agent HOST LOG: torchrun on host HOST, in the background
-      # --redirects/--tee 1: torch 1.13's torchrun on Python 3.11 fails with its defaults
-      # (tests/python/test_torchrun.py says why).
-      "$cluster" exec "$1" --hostname -- env PYTHONPATH="$build/python" RINGREDUCE_SOCKET_IFNAME=eth0 \
-        RINGREDUCE_TIMEOUT=20 timeout 170 /usr/bin/python3 "$here/../../scripts/torchrun-nolibuv" \
-        --redirects 1 --tee 1 --rdzv_backend c10d --rdzv_endpoint "${CLUSTER_NAME}h0:29400" \
+      # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: torch 2.x's agents otherwise share one store
+      # across rounds, and an agent that joins a running job waits forever for a key of its
+      # round that the rank-0 agent never writes (RendezvousStoreInfo, round 1 and later; gloo
+      # alike). (1.13 has no such sharing.)
+      "$cluster" exec "$1" --hostname -- env PYTHONPATH="$pybuild/python" RINGREDUCE_SOCKET_IFNAME=eth0 \
+        TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 \
+        RINGREDUCE_TIMEOUT=20 timeout 170 "${py[@]}" "$src/scripts/torchrun-nolibuv" \
+        "${tee[@]}" --rdzv_backend c10d --rdzv_endpoint "${CLUSTER_NAME}h0:29400" \
         --rdzv_id elastic --rdzv_conf last_call_timeout=2 --nnodes 1:3 --nproc_per_node 1 \
-        --max_restarts 10 --monitor_interval 0.5 "$here/elastic_worker.py" "$work/finish" \
-        >"$2" 2>&1 &
+        --max_restarts 10 --monitor_interval 0.5 "$src/tests/multiprocess/elastic_worker.py" \
+        "$work/finish" >"$2" 2>&1 &
     }
     # wait_for PATTERN FILE: bounded, 90 s.
     wait_for() {
       for _ in $(seq 1 900); do grep -q "$1" "$2" 2>/dev/null && return 0; sleep 0.1; done
-      tail -n 20 "$work"/agent*.log
+      # Each agent's story: its rendezvous rounds, its workers' steps and errors (--tee).
+      local f
+      for f in "$work"/agent*.log; do
+        echo "--- $(basename "$f")"
+        grep -E "STEP|DONE|Error:|InvalidArgument|[Rr]endezvous.*(complete|round|closed)|[Rr]estart|Killed|max_restarts" "$f" |
+          grep -vE "^\s*(File|raise|\^)" | uniq | tail -n 25 | cut -c1-300
+      done
+      # The whole logs, where the caller keeps them (scripts/torch2 does).
+      [ -n "${RR_CLUSTER_LOGS:-}" ] && mkdir -p "$RR_CLUSTER_LOGS" && cp "$work"/agent*.log "$RR_CLUSTER_LOGS/"
       fail "never saw '$1' in $2"
     }
     agent 0 "$work/agent0.log"; a0=$!

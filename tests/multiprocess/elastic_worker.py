@@ -15,6 +15,23 @@ import torch.distributed as dist
 
 import ringreduce.torch  # noqa: F401
 
+# Debian's torch 2.x is built without libuv, and under torchrun's agent store its env://
+# rendezvous makes the store's client with libuv whatever USE_LIBUV says (_create_c10d_store in
+# torch/distributed/rendezvous.py passes no use_libuv there): the default that
+# scripts/torchrun-nolibuv turns off in the agent is turned off here for the worker.
+if os.environ.get("USE_LIBUV") == "0" and "use_libuv" in (dist.TCPStore.__init__.__doc__ or ""):
+    import importlib
+
+    # (the module, not torch.distributed's function of the same name)
+    rdzv = importlib.import_module("torch.distributed.rendezvous")
+
+    class _NoLibuvStore(dist.TCPStore):
+        def __init__(self, *args, **kwargs):
+            kwargs.setdefault("use_libuv", False)
+            super().__init__(*args, **kwargs)
+
+    rdzv.TCPStore = _NoLibuvStore
+
 FINISH = sys.argv[1]
 restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 dist.init_process_group("ringreduce", timeout=timedelta(seconds=30))
