@@ -1,7 +1,7 @@
 // Prints the ring allreduce schedule for N ranks: which chunk each rank sends and receives at each
 // step of the scatter-reduce and the allgather, and the state of every chunk with string
-// "reduction" (concatenation), as seeds 000 and 001 draw it. The chunk indices come from
-// algorithms/ring_schedule.h, the functions the ring algorithm itself runs.
+// "reduction" (concatenation): the tables tests/unit/ring_schedule_test.cc checks. The chunk
+// indices come from algorithms/ring_schedule.h, the functions the ring algorithm itself runs.
 //
 //   ring_schedule [N]      (default 4)
 #include <cstdio>
