@@ -14,10 +14,10 @@
 //                    are shrinking (a few ms after they see the first death: inside the
 //                    agreement or while the links are made)
 //           restart  the restart-everything baseline under torchrun --max-restarts (the
-//                    bench's, bench/drivers/elastic_recovery.sh): in the first attempt the victims die
-//                    inside an allreduce and the others fail and exit; torchrun starts them all
-//                    again, and the next attempt prints the seconds from the kill to its first
-//                    exact allreduce. The kill's time travels in $RR_RESTART_FILE.
+//                    bench's, bench/drivers/elastic_recovery.sh): in the first attempt the
+//                    victims die inside an allreduce and the others fail and exit; torchrun starts
+//                    them all again, and the next attempt prints the seconds from the kill to
+//                    its first exact allreduce. The kill's time travels in $RR_RESTART_FILE.
 //     VICTIMS: comma-separated ranks ("2", "0,3")
 #include <signal.h>
 #include <unistd.h>
