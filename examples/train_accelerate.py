@@ -40,29 +40,16 @@ a 3.2 MB gradient allreduce per step) for the step time; the default one has 106
 
 import os
 import sys
-from pathlib import Path
 
 # No network: Transformers must not look for anything on the Hub (nothing here needs it).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-try:
-    import torch
-except ImportError:
-    # Debian's python3-torch, -accelerate and -transformers are installed for /usr/bin/python3;
-    # a venv or pyenv python3 earlier on PATH may lack them: run again under it.
-    _SYS = "/usr/bin/python3"
-    if os.path.exists(_SYS) and os.path.realpath(sys.executable) != os.path.realpath(_SYS):
-        os.execv(_SYS, [_SYS] + sys.argv)
-    raise
+import example_env  # noqa: E402  (examples/example_env.py: the interpreter, the build tree)
 
-try:
-    import ringreduce  # noqa: F401
-except ImportError:
-    # Not installed: the build tree's package, <repo>/build/python (or $RINGREDUCE_BUILD/python).
-    _build = os.environ.get("RINGREDUCE_BUILD") or str(Path(__file__).resolve().parents[1] / "build")
-    sys.path.insert(0, str(Path(_build) / "python"))
+example_env.prepare()
+import torch  # noqa: E402
 
 import argparse
 import statistics

@@ -28,25 +28,11 @@ time_to_target_s=...` (the training time, steps only, until the test accuracy fi
 
 import os
 import sys
-from pathlib import Path
 
-try:
-    import torch
-except ImportError:
-    # Debian's python3-torch (and numpy, sklearn) is installed for the system interpreter,
-    # /usr/bin/python3; a pyenv or venv python3 may come first on PATH and lack it. Run this
-    # script again under the system interpreter (same arguments and environment).
-    _SYS = "/usr/bin/python3"
-    if os.path.exists(_SYS) and os.path.realpath(sys.executable) != os.path.realpath(_SYS):
-        os.execv(_SYS, [_SYS] + sys.argv)
-    raise
+import example_env  # noqa: E402  (examples/example_env.py: the interpreter, the build tree)
 
-try:
-    import ringreduce  # noqa: F401
-except ImportError:
-    # Not installed: use the build tree's package, <repo>/build/python (or $RINGREDUCE_BUILD/python).
-    _build = os.environ.get("RINGREDUCE_BUILD") or str(Path(__file__).resolve().parents[1] / "build")
-    sys.path.insert(0, str(Path(_build) / "python"))
+example_env.prepare()
+import torch  # noqa: E402
 
 import argparse
 import statistics

@@ -44,18 +44,10 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-try:
-    import torch
-except ImportError:  # Debian's python3-torch is the system interpreter's (see train_ddp.py)
-    _SYS = "/usr/bin/python3"
-    if os.path.exists(_SYS) and os.path.realpath(sys.executable) != os.path.realpath(_SYS):
-        os.execv(_SYS, [_SYS] + sys.argv)
-    raise
-try:
-    import ringreduce  # noqa: F401
-except ImportError:
-    _build = os.environ.get("RINGREDUCE_BUILD") or str(Path(__file__).resolve().parents[1] / "build")
-    sys.path.insert(0, str(Path(_build) / "python"))
+import example_env  # noqa: E402  (examples/example_env.py: the interpreter, the build tree)
+
+example_env.prepare()
+import torch  # noqa: E402
 
 import argparse
 

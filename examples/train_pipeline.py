@@ -34,25 +34,11 @@ training loss of the last epoch). It needs exactly 2 ranks.
 
 import os
 import sys
-from pathlib import Path
 
-try:
-    import torch
-except ImportError:
-    # Debian's python3-torch (with numpy and sklearn) belongs to the system interpreter; a pyenv
-    # or venv python3 first on PATH lacks it: start again under /usr/bin/python3.
-    _SYS = "/usr/bin/python3"
-    if os.path.exists(_SYS) and os.path.realpath(sys.executable) != os.path.realpath(_SYS):
-        os.execv(_SYS, [_SYS] + sys.argv)
-    raise
+import example_env  # noqa: E402  (examples/example_env.py: the interpreter, the build tree)
 
-try:
-    import ringreduce  # noqa: F401
-except ImportError:
-    # Not installed: the build tree's package, <repo>/build/python (or $RINGREDUCE_BUILD/python).
-    _build = (os.environ.get("RINGREDUCE_BUILD")
-              or str(Path(__file__).resolve().parents[1] / "build"))
-    sys.path.insert(0, str(Path(_build) / "python"))
+example_env.prepare()
+import torch  # noqa: E402
 
 import argparse
 import statistics

@@ -44,21 +44,12 @@ if _malloc.parse_known_args()[0].malloc == "keep" and os.environ.get("GLIBC_TUNA
     os.environ["GLIBC_TUNABLES"] = _KEEP
     os.execv(sys.executable, [sys.executable] + sys.argv)
 
-try:
-    import torch
-except ImportError:
-    # Debian's python3-torch belongs to the system interpreter (examples/train_ddp.py does the same).
-    _SYS = "/usr/bin/python3"
-    if os.path.exists(_SYS) and os.path.realpath(sys.executable) != os.path.realpath(_SYS):
-        os.execv(_SYS, [_SYS] + sys.argv)
-    raise
-import torch.distributed as dist
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+import example_env  # noqa: E402  (examples/example_env.py: the interpreter, the build tree)
 
-try:
-    import ringreduce  # noqa: F401
-except ImportError:
-    _build = os.environ.get("RINGREDUCE_BUILD") or str(Path(__file__).resolve().parents[2] / "build")
-    sys.path.insert(0, str(Path(_build) / "python"))
+example_env.prepare()
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
 
 def parse_args():
