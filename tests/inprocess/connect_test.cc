@@ -21,10 +21,6 @@ using namespace std::chrono_literals;
 using ringreduce::Communicator;
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
 TEST(Comm, Ipv6DataConnections) {
   {
     ringreduce::transport::tcp::SockAddr probe;

@@ -19,10 +19,6 @@ using namespace std::chrono_literals;
 using ringreduce::Communicator;
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
 TEST(Comm, TimeoutNamesTheRankWaitedOnOpAndSequence) {
   // Rank 2 never calls the second allreduce. Rank 3 receives from rank 2 in the ring: it times
   // out naming rank 2, and its notice fails ranks 0 and 1; all name the op and its sequence.

@@ -37,6 +37,11 @@ inline const bool kBuffersReused = [] {
 using ringreduce::DataType;
 using ringreduce::ReduceOp;
 
+// Seconds since t, for the tests that bound how long a failure takes to show.
+inline double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
 inline std::string unique_prefix() {
   static std::atomic<int> n{0};
   return "test" + std::to_string(n.fetch_add(1));

@@ -16,10 +16,6 @@ using namespace std::chrono_literals;
 using ringreduce::Communicator;
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
 TEST(Comm, AsyncOpsCompleteInIssueOrderAndOverlapTheCaller) {
   run_ranks(3, [](Communicator& comm) {
     std::vector<std::vector<float>> bufs(8, std::vector<float>(100000));
