@@ -349,6 +349,10 @@ AgreeDecision run_agreement(ControlChannel& channel, FloodAgreement& agreement,
     extended = true;
     deadline = core::Deadline::after(grace);
     for (int q : silent) {
+      // Said at warn level: a live rank taken as silent is a failure of the control plane, and
+      // its connections' state is what tells why.
+      RR_LOG(warn, ft, agreement.rank(), "agreement ", epoch, " round ", agreement.round(),
+             ": rank ", q, " did not answer before the deadline: ", channel.plane.state_text(q));
       channel.lost.emplace(q, "did not answer before the deadline");
       send_all(agreement.on_lost(q, "did not answer before the deadline"));
     }

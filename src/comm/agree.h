@@ -92,6 +92,7 @@ class FloodAgreement {
   std::vector<int> waiting_for() const;
   // Ranks taken as failed, and why ("refused the connection").
   const std::map<int, std::string>& failures() const { return failed_; }
+  int rank() const { return rank_; }
   int round() const { return round_; }
   uint32_t epoch() const { return epoch_; }
 

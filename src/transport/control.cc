@@ -59,6 +59,9 @@ ControlPlane::ControlPlane(Options options) : opts_(std::move(options)) {
   in_of_.assign(n, 0);
   out_why_.assign(n, "");
   reported_.assign(n, false);
+  sent_.assign(n, 0);
+  received_.assign(n, 0);
+  last_heard_.assign(n, core::Clock::time_point{});
   if (opts_.listener.valid()) {
     tcp::set_nonblocking(opts_.listener.get());
     watch(opts_.listener.get(), kListenerTag, false);
@@ -88,6 +91,7 @@ void ControlPlane::send(int peer, std::string message) {
   Outgoing& o = out_[static_cast<size_t>(peer)];
   if (o.state == Outgoing::State::failed) return;
   const auto len = static_cast<uint32_t>(message.size());
+  ++sent_[static_cast<size_t>(peer)];
   o.pending.append(reinterpret_cast<const char*>(&len), sizeof len);
   o.pending += message;
   if (o.state == Outgoing::State::none)
@@ -284,6 +288,8 @@ void ControlPlane::on_incoming(uint64_t id, uint32_t events) {
       Event e;
       e.peer = in.peer;
       e.bytes = in.buf.substr(off + sizeof len, len);
+      ++received_[static_cast<size_t>(in.peer)];
+      last_heard_[static_cast<size_t>(in.peer)] = core::Clock::now();
       events_.push_back(std::move(e));
       off += sizeof len + len;
     }
@@ -358,6 +364,27 @@ void ControlPlane::flush_all(const core::Deadline& deadline) {
     if (!pending || deadline.expired()) return;
     poll_once(deadline.remaining_ms(100));
   }
+}
+
+std::string ControlPlane::state_text(int peer) const {
+  if (peer < 0 || peer >= opts_.size) return "";
+  const auto q = static_cast<size_t>(peer);
+  const Outgoing& o = out_[q];
+  static const char* const kState[] = {"no", "a connecting", "an open", "a failed"};
+  std::string s = "sent " + std::to_string(sent_[q]) + " message(s) (" +
+                  std::to_string(o.pending.size()) + " bytes unwritten) on " +
+                  kState[static_cast<int>(o.state)] + " connection";
+  if (!out_why_[q].empty()) s += " (" + out_why_[q] + ")";
+  s += "; received " + std::to_string(received_[q]);
+  if (received_[q] > 0)
+    s += ", the last " +
+         std::to_string(static_cast<int64_t>(core::seconds_since(last_heard_[q]) * 1000)) +
+         " ms ago";
+  s += in_of_[q] != 0 ? ", its connection open" : ", no connection from it";
+  size_t hellos = 0;
+  for (const auto& [id, in] : in_) hellos += in.hello != nullptr ? 1 : 0;
+  if (hellos > 0) s += "; " + std::to_string(hellos) + " connection(s) here with a hello pending";
+  return s;
 }
 
 void ControlPlane::forget(int peer) {

@@ -70,6 +70,10 @@ class ControlPlane {
   // Drives the connections until every queued message has been written to its socket (or its
   // peer is lost), or the deadline; what arrives meanwhile waits for next().
   void flush_all(const core::Deadline& deadline);
+  // What this rank knows of its connections with `peer`, for the message of a peer that stays
+  // silent: "sent 3 messages (0 bytes unwritten) on an open connection; received 2, the last
+  // 1.2 s ago; 1 connection with its hello pending".
+  std::string state_text(int peer) const;
   // Closes everything of `peer` and never reports it again (a peer given up on).
   void forget(int peer);
   // The descriptors a poll may watch to learn that next() has something (the epoll set).
@@ -115,6 +119,9 @@ class ControlPlane {
   std::vector<uint64_t> in_of_;       // by peer: its identified incoming connection (0: none)
   std::vector<std::string> out_why_;  // by peer: why its outgoing failed ("": it did not)
   std::vector<bool> reported_;        // by peer: lost and reported, or forgotten
+  // By peer, for state_text(): messages queued to it, messages received and when the last came.
+  std::vector<uint64_t> sent_, received_;
+  std::vector<core::Clock::time_point> last_heard_;
   std::deque<Event> events_;
 };
 
