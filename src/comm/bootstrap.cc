@@ -177,10 +177,9 @@ std::string agreed_settings(const core::Config& config) {
   // as a mismatch, or a hang at connection.
   std::string out;
   for (const char* name : {"RINGREDUCE_ALGO", "RINGREDUCE_SEGMENT_BYTES", "RINGREDUCE_CHANNELS",
-                           "RINGREDUCE_NSOCKS", "RINGREDUCE_SHM", "RINGREDUCE_SOCKET_FAMILY",
                            "RINGREDUCE_PROBE_BATCHES", "RINGREDUCE_WIRE"})
     out += std::string(name) + "=" + config.str(name) + "\n";
-  return out;
+  return out + transport::agreed_settings(config);  // each kind's own (shm, tcp)
 }
 
 void CommImpl::init(const Options& options, const SplitFrom* from) {
@@ -208,14 +207,10 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
   if (st.channels < 1 || st.channels > 64)
     throw InvalidArgument("RINGREDUCE_CHANNELS=" + std::to_string(st.channels) +
                           " is not in 1..64");
-  st.nsocks = config_.integer("RINGREDUCE_NSOCKS");
-  if (st.nsocks < 1 || st.nsocks > 16)
-    throw InvalidArgument("RINGREDUCE_NSOCKS=" + std::to_string(st.nsocks) + " is not in 1..16");
   st.stall_s = config_.number("RINGREDUCE_STALL_WARN");
   if (!(st.stall_s >= 0))
     throw InvalidArgument("RINGREDUCE_STALL_WARN must be >= 0 seconds (0: no stall reports)");
-  if (const std::string c = config_.str("RINGREDUCE_SHM_CONNECT"); c != "first" && c != "mesh")
-    throw InvalidArgument("RINGREDUCE_SHM_CONNECT='" + c + "' is neither first nor mesh");
+  transport::check_settings(config_);  // each kind's own
 
   std::string store_host;
   int local_size = -1;

@@ -218,7 +218,7 @@ class CommImpl {
   // "communicator ready" line: where start-up spends its time, and the CPU this thread spent,
   // since where ranks crowd the cores the wall time is mostly other ranks' turns).
   struct StartSettings {
-    int64_t channels = 1, nsocks = 1;
+    int64_t channels = 1;
     double stall_s = 0;
     std::string token;
     core::Deadline deadline = core::Deadline::never();

@@ -28,25 +28,23 @@ size_t open_descriptors() {
   return n;
 }
 
-// The descriptors this rank's links will hold: per same-host peer a pidfd, a doorbell and its
-// segment until mapped (and on the host's first rank, or in a mesh, a socket or two more: 4 is the
-// bound); per other-host peer a socket per wire and one for the lane; and some of its own (store,
-// epoll, listeners): beside those already open (the application's, another communicator's). A
-// short soft limit is raised towards the hard one (as ringrun does for itself; the default soft
-// limit, 1,024, holds about 250 same-host peers); where even the hard one is short the rank fails
-// now, naming both, instead of meeting EMFILE halfway through its links.
-void ensure_open_files(size_t shm_peers, size_t tcp_peers, size_t per_tcp_peer) {
-  const size_t links = 4 * shm_peers + per_tcp_peer * tcp_peers + 32, open = open_descriptors();
+// The descriptors this rank's links will hold (`links`, each kind's estimate: transport::
+// open_files), and some of its own (store, epoll, listeners): beside those already open (the
+// application's, another communicator's). A short soft limit is raised towards the hard one (as
+// ringrun does for itself; the default soft limit, 1,024, holds about 250 same-host peers); where
+// even the hard one is short the rank fails now, naming both, instead of meeting EMFILE halfway
+// through its links.
+void ensure_open_files(size_t links, const std::string& per_kind) {
+  links += 32;
+  const size_t open = open_descriptors();
   const rlim_t needed = static_cast<rlim_t>(links + open);
   // With room for the application's own files.
   if (core::raise_open_files_limit(needed, needed + 256) >= needed) return;
   rlimit l{};
   getrlimit(RLIMIT_NOFILE, &l);
-  throw Error("its links need about " + std::to_string(links) + " open files (" +
-              std::to_string(shm_peers) + " same-host peers, " + std::to_string(tcp_peers) +
-              " on other hosts) beside the " + std::to_string(open) +
-              " it has open, but its limit is " + std::to_string(l.rlim_cur) +
-              " and the hard limit " + std::to_string(l.rlim_max) +
+  throw Error("its links need about " + std::to_string(links) + " open files (" + per_kind +
+              ") beside the " + std::to_string(open) + " it has open, but its limit is " +
+              std::to_string(l.rlim_cur) + " and the hard limit " + std::to_string(l.rlim_max) +
               " (raise it with ulimit -Hn, or LimitNOFILE in a systemd unit)");
 }
 
@@ -55,19 +53,12 @@ void ensure_open_files(size_t shm_peers, size_t tcp_peers, size_t per_tcp_peer) 
 void CommImpl::build(const Membership& members, const StartSettings& st, int local_size) {
   const std::vector<std::string>& hosts = members.hosts;
   const std::vector<std::string>& published = members.published;
-  const int64_t channels = st.channels, nsocks = st.nsocks;
+  const int64_t channels = st.channels;
   int same_host = 0;
   for (int q = 0; q < size_; ++q)
     same_host += hosts[static_cast<size_t>(q)] == hosts[static_cast<size_t>(rank_)] ? 1 : 0;
   if (local_size < 0) local_size = same_host;
   local_size_ = local_size;
-  {
-    const bool shm = config_.str("RINGREDUCE_SHM") != "0";
-    const size_t others = static_cast<size_t>(size_ - 1),
-                 local = static_cast<size_t>(same_host - 1);
-    ensure_open_files(shm ? local : 0, shm ? others - local : others,
-                      static_cast<size_t>(channels * nsocks + 1));
-  }
   ring_order(hosts);
   // More ranks than cores on this host: polling steals the core from the rank that would
   // produce the data, so poll briefly and yield while doing it.
@@ -80,7 +71,6 @@ void CommImpl::build(const Membership& members, const StartSettings& st, int loc
   args.size = size_;
   args.comm_id = members.comm_id;
   args.channels = static_cast<int>(channels);
-  args.nsocks = static_cast<int>(nsocks);
   if (size_ > 1) args.hosts = hosts;
   args.hosts_given = !config_.str("RINGREDUCE_HOST_ID").empty();
   args.token = st.token;
@@ -93,15 +83,18 @@ void CommImpl::build(const Membership& members, const StartSettings& st, int loc
                             ? static_cast<int>(config_.integer("RINGREDUCE_SPIN_US"))
                             : (oversubscribed ? 20 : 50);
   args.engine.oversubscribed = oversubscribed;
-  args.published = published;  // kept: a shrink needs it (published_)
   args.check_failed = members.check_failed;
-  args.listeners = members.listeners;
   // Enough yields for every rank that shares this core to run twice.
   if (oversubscribed) args.engine.max_idle_yields = 4 * crowding;
   // Every rank routes each pair alike (the transport table over the same host identities):
   // shared memory between the ranks of a host, TCP between hosts.
   // The kinds take no store: what they need is in the membership.
-  transport_ = transport::connect(args, st.deadline);
+  const transport::JoinedLinks joined{published, members.listeners};
+  {
+    std::string per_kind;
+    ensure_open_files(transport::open_files(args, joined, &per_kind), per_kind);
+  }
+  transport_ = transport::connect(args, joined, st.deadline);
   const auto t_linked = core::Clock::now();
   const int64_t cpu_linked = thread_cpu_ms();
   transport_->set_describer([this](const transport::OpTag& t) { return describe(t); });

@@ -68,6 +68,12 @@ class Engine final : public Transport, public Driver {
   // What the communicator's links offer: its slowest kind's traits (the last of the table's
   // kinds it uses: every ring crosses it).
   const KindTraits& traits() const { return kinds_.back()->traits(); }
+  // Whether every kind in use reads and writes buffers in `space` in place: a call on device
+  // buffers is staged through host memory unless its links all take them (comm/device.h).
+  bool takes(MemorySpace space) const {
+    return std::all_of(kinds_.begin(), kinds_.end(),
+                       [space](const auto& k) { return k->traits().takes(space); });
+  }
   // The kinds in use, for logs: "shm", "tcp", "shm+tcp".
   std::string kinds_text() const;
   // Point-to-point messages over every peer's lane; moved in every pass of every wait.

@@ -37,6 +37,16 @@ struct LinkCost {
   }
 };
 
+// Where a buffer lives, as a kind of link sees it: what its links can read from and write to in
+// place (KindTraits::memory, a mask of these). Plain host memory every kind takes; registered
+// memory is host memory the peers map (the shared window, link.h); device memory is a GPU's. A
+// call whose buffers live where some kind of its links cannot reach is staged through host
+// memory (comm/device.h); one whose every kind takes them is not.
+enum class MemorySpace : uint8_t { host = 1, registered = 2, device = 4 };
+constexpr uint8_t memory_mask(MemorySpace s) {
+  return static_cast<uint8_t>(s);
+}
+
 // What a kind offers, for the tuner and the algorithms' context: the communicator takes the traits
 // of its slowest kind (the last in the table among those it uses), since every ring crosses it.
 struct KindTraits {
@@ -48,6 +58,17 @@ struct KindTraits {
   bool sliced(size_t step_bytes) const { return step_bytes >= sliced_from_step_bytes; }
   bool stream_output = false;  // large out-of-place outputs pay to be written with streaming stores
   LinkCost costs;              // until the start-up probe measures them
+  uint8_t memory = memory_mask(MemorySpace::host);  // the spaces its links take (MemorySpace)
+  bool takes(MemorySpace s) const { return (memory & memory_mask(s)) != 0; }
+};
+
+// What a kind listens on before the ranks join (a socket, a named endpoint), opened so that its
+// address travels in the join record. published() is the kind's own part of that record: opaque
+// to everyone but the kind's connect on the other ranks (as NCCL's connect info is).
+class KindListener {
+ public:
+  virtual ~KindListener() = default;
+  virtual std::string published() const = 0;
 };
 
 // The engine as a kind sees it: a kind whose Window waits (shared memory) waits through it.

@@ -196,7 +196,7 @@ case "$case_name" in
     # rank's, which is the same.
     for r in $(seq 0 23); do
       expect "limit$r" "rank $r: start-up: "
-      expect "limit$r" "its links need about 124 open files (23 same-host peers, 0 on other hosts) beside the "
+      expect "limit$r" "its links need about 124 open files (23 peers over shm) beside the "
       expect "limit$r" "it has open, but its limit is 100 and the hard limit 100"
     done
     [ "$(elapsed $t0)" -lt 10 ] || { echo "FAILED: the open-file limit took $(elapsed $t0) s"; exit 1; }

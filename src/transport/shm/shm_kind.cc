@@ -59,6 +59,8 @@ KindTraits ShmKind::static_traits() {
   t.stream_output = true;
   // Round values of what the start-up probe measures on this project's 2-core VM (TUNING.md).
   t.costs = {2e-6, 1.0 / 8e9, false};
+  // Host memory, and registered memory (shm_regions.h) the peers read in place.
+  t.memory = memory_mask(MemorySpace::host) | memory_mask(MemorySpace::registered);
   return t;
 }
 

@@ -45,14 +45,14 @@ namespace ringreduce::transport::shm {
 // every peer's from the join's table: no store request per peer (there were two per peer and
 // rank, 130,000 at 256 ranks, through one store thread). Bound before it is published, so a
 // connector that holds the name reaches this rank and nobody else.
-class ShmListener {
+class ShmListener final : public KindListener {
  public:
   // through_first: offer to exchange segments through the host's first rank (RINGREDUCE_SHM_CONNECT
   // is not "mesh"); it happens when every rank of the host offers it from one pid namespace.
   ShmListener(bool with_token, bool through_first);
   // "<name>|<nonce>|<pidns>": 16 hex digits, then the nonce in hex or "-" without a token, then
   // this process's pid namespace where pidfds work and the offer stands, else "-".
-  std::string published() const;
+  std::string published() const override;
   int fd() const { return fd_.get(); }
   const core::auth::Nonce& nonce() const { return nonce_; }
 

@@ -238,6 +238,18 @@ core::Fd listen_on(const SockAddr& addr, SockAddr* bound) {
   return fd;
 }
 
+PublishedListener listen_published(const core::Config& config, bool with_token,
+                                   const std::string& store_host) {
+  PublishedListener l;
+  SockAddr bound;
+  l.fd = listen_on(choose_data_address(config, store_host), &bound);
+  if (with_token) l.nonce = core::auth::random_nonce();
+  const std::string addr = bound.str();
+  l.published = addr.substr(0, addr.rfind(':')) + "|" + std::to_string(bound.port()) + "|" +
+                (with_token ? core::auth::nonce_to_hex(l.nonce) : "-");
+  return l;
+}
+
 core::Fd connect_to(const SockAddr& addr, const core::Deadline& deadline) {
   auto backoff = std::chrono::milliseconds(1);
   for (;;) {

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "core/auth.h"
 #include "core/config.h"
 #include "core/deadline.h"
 #include "core/fd.h"
@@ -36,6 +37,15 @@ SockAddr choose_data_address(const core::Config& config, const std::string& stor
 
 // Listening socket on addr (port 0 = ephemeral); *bound receives the real address.
 core::Fd listen_on(const SockAddr& addr, SockAddr* bound);
+// A listening socket on the data interface (choose_data_address) and its part of a join record,
+// "<host>|<port>|<nonce hex, or ->": with a token, a fresh nonce that connectors prove it against.
+struct PublishedListener {
+  core::Fd fd;
+  core::auth::Nonce nonce{};
+  std::string published;
+};
+PublishedListener listen_published(const core::Config& config, bool with_token,
+                                   const std::string& store_host);
 // Blocking connect bounded by the deadline; retries refused connections (the peer's listener
 // exists before its address is published, but a SYN backlog overflow looks like a refusal).
 core::Fd connect_to(const SockAddr& addr, const core::Deadline& deadline);

@@ -1,0 +1,10 @@
+// Shared memory's row of the transport table (kind_row.h).
+#pragma once
+
+#include "transport/kind_row.h"
+
+namespace ringreduce::transport::shm {
+
+KindEntry kind_entry();
+
+}  // namespace ringreduce::transport::shm
