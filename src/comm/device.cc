@@ -28,6 +28,13 @@ class CudaRuntime final : public DeviceRuntime {
     bool done() override { return event.done(); }
     reduce::cuda::Event event;
   };
+  struct Shared final : SharedMemory {
+    explicit Shared(std::unique_ptr<reduce::cuda::SharedDeviceBuffer> b) : buffer(std::move(b)) {}
+    char* data() override { return buffer->data(); }
+    size_t size() const override { return buffer->size(); }
+    core::Fd export_fd() override { return core::Fd(buffer->export_fd()); }
+    std::unique_ptr<reduce::cuda::SharedDeviceBuffer> buffer;
+  };
 
  public:
   bool in_use() override { return reduce::cuda::in_use(); }
@@ -46,6 +53,12 @@ class CudaRuntime final : public DeviceRuntime {
   void destroy_stream(void* stream) override { reduce::cuda::destroy_stream(stream); }
   void stream_wait(void* stream, Event& event) override {
     static_cast<CudaEvent&>(event).event.wait_on(stream);
+  }
+  std::unique_ptr<SharedMemory> shared_memory(size_t bytes) override {
+    return std::make_unique<Shared>(reduce::cuda::SharedDeviceBuffer::create(bytes));
+  }
+  std::unique_ptr<SharedMemory> import_memory(int fd, size_t bytes) override {
+    return std::make_unique<Shared>(reduce::cuda::SharedDeviceBuffer::import(fd, bytes));
   }
 };
 

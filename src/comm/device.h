@@ -23,6 +23,7 @@
 
 #include "algorithms/algorithm.h"
 #include "core/deadline.h"
+#include "core/fd.h"
 #include "ringreduce/communicator.h"
 
 namespace ringreduce::detail {
@@ -58,6 +59,19 @@ class DeviceRuntime {
   virtual void destroy_stream(void* stream) = 0;
   // Enqueues on `stream` a wait for the point `event` was last recorded at.
   virtual void stream_wait(void* stream, Event& event) = 0;
+
+  // Device memory another process of this host maps in place: what a device-to-device link
+  // between processes is made of (issue 44; CUDA: SharedDeviceBuffer, reduce/cuda/runtime.h).
+  struct SharedMemory {
+    virtual ~SharedMemory() = default;
+    virtual char* data() = 0;         // device memory
+    virtual size_t size() const = 0;  // rounded up to what the device allocates in
+    // A descriptor for the other process (sent over a Unix socket, SCM_RIGHTS).
+    virtual core::Fd export_fd() = 0;
+  };
+  virtual std::unique_ptr<SharedMemory> shared_memory(size_t bytes) = 0;
+  // Maps what another process exported (`fd` is not taken), of the size its size() said.
+  virtual std::unique_ptr<SharedMemory> import_memory(int fd, size_t bytes) = 0;
 };
 
 // The process's runtime: the one a test installed, else CUDA's (which, in a build without CUDA,

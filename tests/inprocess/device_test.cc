@@ -6,13 +6,11 @@
 // returns before its stream has reached it, that the op waits for its input and releases the
 // stream when it finishes (done, failed or timed out), and that staging memory is reused. What
 // they cannot check is CUDA itself: scripts/gpu-check runs the same calls on a GPU.
-#include <sys/mman.h>
-
-#include <condition_variable>
-#include <deque>
-#include <mutex>
+#include <sys/socket.h>
 
 #include "comm/device.h"
+#include "core/fd_passing.h"
+#include "emulated_device.h"
 #include "harness.h"
 #include "reduce/cuda/runtime.h"
 #include "rendezvous/tcp_store.h"
@@ -25,177 +23,6 @@ using ringreduce::CallOptions;
 using ringreduce::Communicator;
 using ringreduce::Memory;
 using ringreduce::detail::DeviceRuntime;
-
-// A stream: tasks run in order on a thread of its own. A gate holds it, as a long kernel would.
-class Stream {
- public:
-  Stream() : thread_([this] { loop(); }) {}
-  ~Stream() {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      stop_ = true;
-      open_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  void enqueue(std::function<void()> task) {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      tasks_.push_back(std::move(task));
-    }
-    cv_.notify_all();
-  }
-  // Every task enqueued so far has run.
-  void synchronize() {
-    std::unique_lock<std::mutex> lk(mu_);
-    cv_.wait(lk, [&] { return tasks_.empty() && !running_; });
-  }
-  // A task that waits until open() (or the stream's end).
-  void gate() {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      open_ = false;
-    }
-    enqueue([this] {
-      std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return open_; });
-    });
-  }
-  void open() {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      open_ = true;
-    }
-    cv_.notify_all();
-  }
-
- private:
-  void loop() {
-    std::unique_lock<std::mutex> lk(mu_);
-    for (;;) {
-      cv_.wait(lk, [&] { return stop_ || !tasks_.empty(); });
-      if (tasks_.empty()) return;
-      auto task = std::move(tasks_.front());
-      tasks_.pop_front();
-      running_ = true;
-      lk.unlock();
-      task();
-      lk.lock();
-      running_ = false;
-      cv_.notify_all();
-    }
-  }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> tasks_;
-  bool running_ = false, stop_ = false, open_ = true;
-  std::thread thread_;
-};
-
-class EmulatedDevice final : public DeviceRuntime {
- public:
-  static constexpr size_t kSpace = size_t{1} << 30;
-
-  EmulatedDevice() {
-    void* p = mmap(nullptr, kSpace, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED) throw std::runtime_error("mmap");
-    base_ = static_cast<char*>(p);
-    backing_ = static_cast<char*>(mmap(nullptr, kSpace, PROT_READ | PROT_WRITE,
-                                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
-  }
-  ~EmulatedDevice() override {
-    munmap(base_, kSpace);
-    munmap(backing_, kSpace);
-  }
-
-  // "cudaMalloc": address space the host cannot touch.
-  char* alloc(size_t bytes) {
-    std::lock_guard<std::mutex> lk(mu_);
-    char* p = base_ + next_;
-    next_ += (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
-    if (next_ > kSpace) throw std::runtime_error("emulated device out of memory");
-    return p;
-  }
-  template <class T>
-  T* alloc_of(size_t n) {
-    return reinterpret_cast<T*>(alloc(n * sizeof(T)));
-  }
-  // The host's view of device memory, for the test to fill and read (never the library's).
-  template <class T>
-  T* view(T* device) {
-    return reinterpret_cast<T*>(translate(reinterpret_cast<char*>(device)));
-  }
-  Stream& default_stream() { return default_; }
-  size_t host_allocations() const { return host_allocations_.load(); }
-
-  bool in_use() override { return true; }
-  bool is_device(const void* p) override {
-    const auto* c = static_cast<const char*>(p);
-    return c >= base_ && c < base_ + kSpace;
-  }
-  std::unique_ptr<HostMemory> host_memory(size_t bytes) override {
-    ++host_allocations_;
-    struct Mem final : HostMemory {
-      explicit Mem(size_t n) : bytes(n) {}
-      char* data() override { return bytes.data(); }
-      std::vector<char> bytes;
-    };
-    return std::make_unique<Mem>(bytes);
-  }
-  struct Ev final : Event {
-    explicit Ev(EmulatedDevice& d) : dev(d) {}
-    void record(void* stream) override {
-      auto state = std::make_shared<std::atomic<bool>>(false);
-      current = state;
-      dev.stream(stream).enqueue([state] { state->store(true); });
-    }
-    bool done() override { return !current || current->load(); }
-    EmulatedDevice& dev;
-    std::shared_ptr<std::atomic<bool>> current;
-  };
-  std::unique_ptr<Event> event() override { return std::make_unique<Ev>(*this); }
-  void* create_stream() override { return new Stream; }
-  void destroy_stream(void* s) override { delete static_cast<Stream*>(s); }
-  void stream_wait(void* s, Event& event) override {
-    auto state = static_cast<Ev&>(event).current;
-    if (!state) return;
-    stream(s).enqueue([state] {
-      while (!state->load()) std::this_thread::sleep_for(std::chrono::microseconds(20));
-    });
-  }
-  void copy(void* dst, const void* src, size_t bytes, void* s) override {
-    if (bytes == 0) return;
-    char* d = translate(static_cast<char*>(dst));
-    const char* from = translate(const_cast<char*>(static_cast<const char*>(src)));
-    stream(s).enqueue([=] { std::memcpy(d, from, bytes); });
-  }
-  void wait_value(void* s, const uint32_t* flag, uint32_t value) override {
-    stream(s).enqueue([flag, value] {
-      std::atomic_ref<const uint32_t> f(*flag);
-      // Bounded, so that a staging bug fails the test instead of hanging it.
-      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-      while (f.load(std::memory_order_acquire) != value) {
-        if (std::chrono::steady_clock::now() > until) {
-          std::cerr << "emulated stream: the flag was never released\n";
-          std::abort();
-        }
-        std::this_thread::sleep_for(std::chrono::microseconds(20));
-      }
-    });
-  }
-
- private:
-  Stream& stream(void* s) { return s ? *static_cast<Stream*>(s) : default_; }
-  char* translate(char* p) { return is_device(p) ? backing_ + (p - base_) : p; }
-
-  std::mutex mu_;
-  char* base_ = nullptr;
-  char* backing_ = nullptr;
-  size_t next_ = 0;
-  std::atomic<size_t> host_allocations_{0};
-  Stream default_;
-};
 
 class Device : public ::testing::Test {
  protected:
@@ -527,6 +354,58 @@ TEST_F(Device, CApiOnStream) {
     });
   for (auto& t : threads) t.join();
   unsetenv("RINGREDUCE_STORE_SERVER");
+}
+
+// Sends `fd` over a Unix socket as SCM_RIGHTS (core/fd_passing.h) and returns what arrives: how
+// a descriptor of shared device memory reaches the other process.
+core::Fd pass_descriptor(int fd) {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return {};
+  core::Fd a(sv[0]), b(sv[1]);
+  const char byte = 'x';
+  if (core::send_with_fds(a.get(), &byte, 1, &fd, 1) != 1) return {};
+  char got = 0;
+  std::vector<core::Fd> fds;
+  std::string err;
+  if (core::recv_with_fds(b.get(), &got, 1, 1, &fds, &err) != 1 || fds.size() != 1) return {};
+  return std::move(fds[0]);
+}
+
+// The contract a device link between processes is built on (DeviceRuntime::SharedMemory, CUDA's
+// VMM with POSIX descriptors): memory exported by one process and imported by another through a
+// descriptor passed over a Unix socket is the same memory, both ways, at whole granules; an import
+// of another size is refused. Two emulated devices stand for the two processes; gpu-check is to
+// run the same on a GPU.
+TEST(DeviceSharedMemory, ExportedMemoryIsTheImportersBothWays) {
+  EmulatedDevice a, b;
+  auto mine = a.shared_memory(3 << 20);
+  ASSERT_EQ(mine->size(), size_t{4} << 20) << "rounded up to whole granules";
+  core::Fd sent = mine->export_fd();
+  core::Fd got = pass_descriptor(sent.get());
+  ASSERT_TRUE(got.valid());
+  EXPECT_THROW(b.import_memory(got.get(), mine->size() / 2), ringreduce::Error);
+  auto theirs = b.import_memory(got.get(), mine->size());
+  ASSERT_EQ(theirs->size(), mine->size());
+  EXPECT_TRUE(b.is_device(theirs->data()));
+  // b's stream writes near the end of the range; a's stream reads it back, and the reverse.
+  const size_t at = mine->size() - 4096;
+  std::vector<uint8_t> in(4096), out(4096, 0), back(4096, 0);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<uint8_t>(i * 7 + 1);
+  b.copy(theirs->data() + at, in.data(), in.size(), nullptr);
+  b.default_stream().synchronize();
+  a.copy(out.data(), mine->data() + at, out.size(), nullptr);
+  a.default_stream().synchronize();
+  EXPECT_EQ(out, in);
+  a.copy(mine->data(), out.data(), 100, nullptr);
+  a.default_stream().synchronize();
+  b.copy(back.data(), theirs->data(), 100, nullptr);
+  b.default_stream().synchronize();
+  EXPECT_TRUE(std::equal(back.begin(), back.begin() + 100, in.begin()));
+  // The importer's mapping outlives the exporter's object: the memory goes with the last.
+  mine.reset();
+  b.copy(back.data(), theirs->data() + at, 16, nullptr);
+  b.default_stream().synchronize();
+  EXPECT_TRUE(std::equal(back.begin(), back.begin() + 16, in.begin()));
 }
 
 // Without a device runtime in use, a call that states device memory is refused on the spot with

@@ -4,14 +4,23 @@
 // device, or in a build without CUDA, the device tests skip saying why.
 
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "core/fd_passing.h"
 #include "reduce/cuda/reduce_cuda.h"
+#include "reduce/cuda/runtime.h"
 #include "reduce/reduce.h"
 #include "reduce_reference.h"
 #include "ringreduce/error.h"
@@ -170,6 +179,91 @@ TEST(CudaReduce, DivideAndScaleGiveTheCpuResult) {
       }
     }
   }
+}
+
+// ---- Shared device memory between processes -------------------------------------------------
+
+namespace core = ringreduce::core;
+
+void copy_and_wait(void* dst, const void* src, size_t n) {
+  cuda::copy_async(dst, src, n, nullptr);
+  cuda::Event e;
+  e.record(nullptr);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!e.done() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+}
+
+bool readable_within(int fd, int ms) {
+  pollfd p{fd, POLLIN, 0};
+  return poll(&p, 1, ms) == 1;
+}
+
+uint8_t pattern_at(size_t i) {
+  return static_cast<uint8_t>(i * 131 + 7);
+}
+
+// What a device link between processes is built on (runtime.h's SharedDeviceBuffer, CUDA's VMM
+// with POSIX descriptors): this process creates and exports device memory; a child process (this
+// binary again, with RR_SHARED_CHILD_SOCKET naming its end of a Unix socket) imports it from the
+// descriptor passed over the socket and writes a pattern into it on its own stream; this process
+// then reads the pattern from its own mapping. Skipped without a device; gpu-check runs it.
+TEST(CudaShared, ExportedMemoryIsTheImportersInAnotherProcess) {
+  RR_NEED_DEVICE();
+  if (const char* env = std::getenv("RR_SHARED_CHILD_SOCKET")) {
+    const int sock = std::atoi(env);
+    ASSERT_TRUE(readable_within(sock, 60000)) << "the exporter sent nothing";
+    uint64_t bytes = 0;
+    std::vector<core::Fd> fds;
+    std::string err;
+    ASSERT_EQ(core::recv_with_fds(sock, &bytes, sizeof bytes, 1, &fds, &err),
+              static_cast<ssize_t>(sizeof bytes))
+        << err;
+    ASSERT_EQ(fds.size(), 1u);
+    auto imported = cuda::SharedDeviceBuffer::import(fds[0].get(), bytes);
+    std::vector<uint8_t> pattern(bytes);
+    for (size_t i = 0; i < bytes; ++i) pattern[i] = pattern_at(i);
+    copy_and_wait(imported->data(), pattern.data(), bytes);
+    const char done = 'd';
+    ASSERT_EQ(write(sock, &done, 1), 1);
+    return;
+  }
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  core::Fd mine(sv[0]), theirs(sv[1]);
+  auto buffer = cuda::SharedDeviceBuffer::create(3 << 20);
+  const size_t bytes = buffer->size();
+  ASSERT_GE(bytes, size_t{3} << 20);
+  std::vector<uint8_t> host(bytes, 0);
+  copy_and_wait(buffer->data(), host.data(), bytes);
+  // The child: this test alone, its end of the socket inherited (the only descriptor that is).
+  const std::string env = "RR_SHARED_CHILD_SOCKET=" + std::to_string(theirs.get());
+  std::vector<std::string> envs{env};
+  for (char** e = environ; *e; ++e) envs.emplace_back(*e);
+  std::vector<char*> envp;
+  for (auto& e : envs) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::string self = "/proc/self/exe", filter = "--gtest_filter=CudaShared.*";
+  char* argv[] = {self.data(), filter.data(), nullptr};
+  pid_t pid = -1;
+  ASSERT_EQ(posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv, envp.data()), 0);
+  theirs.reset();
+  core::Fd exported(buffer->export_fd());
+  const uint64_t size = bytes;
+  const int fd = exported.get();
+  EXPECT_EQ(core::send_with_fds(mine.get(), &size, sizeof size, &fd, 1),
+            static_cast<ssize_t>(sizeof size));
+  char done = 0;
+  const bool answered = readable_within(mine.get(), 90000) && read(mine.get(), &done, 1) == 1;
+  int status = -1;
+  if (!answered) kill(pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(answered) << "the importing process did not finish (its output is above)";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  copy_and_wait(host.data(), buffer->data(), bytes);
+  size_t wrong = 0;
+  for (size_t i = 0; i < bytes; ++i) wrong += host[i] != pattern_at(i) ? 1 : 0;
+  EXPECT_EQ(wrong, 0u) << "bytes the exporter does not see as the importer wrote them";
 }
 
 }  // namespace

@@ -105,6 +105,16 @@ void copy_async(void*, const void*, size_t, void*) {
 void wait_value(void*, const uint32_t*, uint32_t) {
   refuse("wait_value");
 }
+std::unique_ptr<SharedDeviceBuffer> SharedDeviceBuffer::create(size_t) {
+  refuse("SharedDeviceBuffer::create");
+}
+std::unique_ptr<SharedDeviceBuffer> SharedDeviceBuffer::import(int, size_t) {
+  refuse("SharedDeviceBuffer::import");
+}
+SharedDeviceBuffer::~SharedDeviceBuffer() = default;
+int SharedDeviceBuffer::export_fd() const {
+  refuse("SharedDeviceBuffer::export_fd");
+}
 
 }  // namespace ringreduce::reduce::cuda
 

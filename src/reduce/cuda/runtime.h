@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 namespace ringreduce::reduce::cuda {
 
@@ -64,5 +65,34 @@ void copy_async(void* dst, const void* src, size_t bytes, void* stream);
 // with a release store. cuStreamWaitValue32 where the device supports stream memory operations,
 // else a host function that polls the flag (it holds CUDA's callback thread meanwhile).
 void wait_value(void* stream, const uint32_t* flag, uint32_t value);
+
+// Device memory another process on this host maps (shared_memory.cc): CUDA's virtual memory
+// management, cuMemCreate with POSIX file-descriptor handles, mapped read-write on the current
+// device. export_fd() gives a descriptor for the other process (it travels over a Unix socket,
+// SCM_RIGHTS); import() maps one into this process, for its current device (a peer GPU through
+// peer access). Throws naming the driver's answer where the device or driver cannot (no VMM, no
+// POSIX handles: the legacy cudaIpcGetMemHandle is the fallback, not yet built).
+class SharedDeviceBuffer {
+ public:
+  // At least `bytes`, rounded up to the allocation granularity (size()).
+  static std::unique_ptr<SharedDeviceBuffer> create(size_t bytes);
+  // Maps the memory behind `fd` (not taken: the caller closes it), of `bytes` as the exporter's
+  // size() said.
+  static std::unique_ptr<SharedDeviceBuffer> import(int fd, size_t bytes);
+  ~SharedDeviceBuffer();
+  SharedDeviceBuffer(const SharedDeviceBuffer&) = delete;
+  SharedDeviceBuffer& operator=(const SharedDeviceBuffer&) = delete;
+  char* data() const { return reinterpret_cast<char*>(ptr_); }
+  size_t size() const { return bytes_; }
+  // A new descriptor for the memory (the caller closes it).
+  int export_fd() const;
+
+ private:
+  SharedDeviceBuffer() = default;
+  unsigned long long handle_ = 0;  // CUmemGenericAllocationHandle
+  unsigned long long ptr_ = 0;     // CUdeviceptr
+  size_t bytes_ = 0;
+  bool mapped_ = false, reserved_ = false, have_handle_ = false;
+};
 
 }  // namespace ringreduce::reduce::cuda

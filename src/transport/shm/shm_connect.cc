@@ -28,6 +28,7 @@
 #include <cstring>
 
 #include "core/auth.h"
+#include "core/fd_passing.h"
 #include "core/log.h"
 #include "ringreduce/error.h"
 #include "transport/shm/shm_kind.h"
@@ -99,58 +100,6 @@ sockaddr_un socket_name(uint64_t id, socklen_t* len) {
 
 std::string errstr(const char* what) {
   return std::string(what) + ": " + strerror(errno);
-}
-
-// One message and its descriptors; like sendmsg: the bytes sent, or -1 with errno.
-ssize_t send_with_fds(int sock, const void* data, size_t len, const int* fds, size_t nfds) {
-  iovec iov{const_cast<void*>(data), len};
-  std::vector<char> control(CMSG_SPACE(nfds * sizeof(int)), 0);
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control.data();
-  msg.msg_controllen = control.size();
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(nfds * sizeof(int));
-  std::memcpy(CMSG_DATA(c), fds, nfds * sizeof(int));
-  return sendmsg(sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-}
-
-// Receives one message and its descriptors: the bytes received (0: the peer closed), -1 if
-// nothing has arrived yet, -2 if descriptors were lost (*err says why).
-ssize_t recv_with_fds(int sock, void* data, size_t len, size_t max_fds, std::vector<core::Fd>* fds,
-                      std::string* err) {
-  iovec iov{data, len};
-  std::vector<char> control(CMSG_SPACE(max_fds * sizeof(int)), 0);
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control.data();
-  msg.msg_controllen = control.size();
-  const ssize_t r = recvmsg(sock, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-  if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return -1;
-  if (r < 0) {
-    *err = errstr("receiving");
-    return -2;
-  }
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    const size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (size_t i = 0; i < n; ++i) {
-      int fd;
-      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-      fds->emplace_back(fd);
-    }
-  }
-  if (msg.msg_flags & MSG_CTRUNC) {
-    // The kernel drops what does not fit, or what this process has no descriptors left for.
-    *err = "descriptors were lost (too many open files? ulimit -n is " +
-           std::to_string(sysconf(_SC_OPEN_MAX)) + ")";
-    return -2;
-  }
-  return r;
 }
 
 // "<name>|<nonce or ->|<pid namespace or ->", as ShmListener::published() writes it.
@@ -230,7 +179,7 @@ bool ShmKind::accept_peer(core::Fd& s, const core::auth::Nonce& nonce, int* expe
   const ShmHello& h = m.hello;
   std::vector<core::Fd> fds;
   std::string why;
-  const ssize_t got = recv_with_fds(s.get(), &m, sizeof m, 2, &fds, &why);
+  const ssize_t got = core::recv_with_fds(s.get(), &m, sizeof m, 2, &fds, &why);
   // The peer sends its hello right after connecting, but with hundreds of ranks on a few cores
   // it may not run again for seconds: the connection waits, without holding up the others.
   if (got == -1) return false;
@@ -357,7 +306,7 @@ void ShmKind::connect_peers(const core::Deadline& deadline) {
       check_failed();
     }
     const int fds[2] = {memfd_.get(), doorbell_.get()};
-    if (send_with_fds(s.get(), &msg, sizeof msg, fds, 2) != static_cast<ssize_t>(sizeof msg))
+    if (core::send_with_fds(s.get(), &msg, sizeof msg, fds, 2) != static_cast<ssize_t>(sizeof msg))
       throw Error(errstr("sending the shared-memory hello failed"));
     return s;
   };
@@ -409,7 +358,7 @@ void ShmKind::hand_out(const core::Deadline& deadline, const std::function<void(
         fds.push_back(q == rank ? doorbell_.get() : p.doorbell.get());
       }
       for (;;) {
-        if (send_with_fds(sock, &m, sizeof m, fds.data(), fds.size()) ==
+        if (core::send_with_fds(sock, &m, sizeof m, fds.data(), fds.size()) ==
             static_cast<ssize_t>(sizeof m))
           break;
         // A full socket, or (for a user without CAP_SYS_RESOURCE) more descriptors in flight
@@ -468,7 +417,8 @@ void ShmKind::receive_from_first(core::Fd sock, const core::Deadline& deadline,
     TableMsg m;
     std::vector<core::Fd> fds;
     std::string err;
-    const ssize_t got = recv_with_fds(sock.get(), &m, sizeof m, 2 * kTableEntries, &fds, &err);
+    const ssize_t got =
+        core::recv_with_fds(sock.get(), &m, sizeof m, 2 * kTableEntries, &fds, &err);
     if (got == -1) continue;
     if (got == 0 || got == -2) {
       // The first rank failed, most likely because the job did: say why, if the mark says.
