@@ -60,6 +60,9 @@ def parse_args():
     p.add_argument("--steps", type=int, default=None, help="stop after this many optimizer steps")
     p.add_argument("--save", default=None, help="rank 0 saves the flattened final parameters (.npy)")
     p.add_argument("--quiet", action="store_true", help="print only the final line")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where the model and its gradients live (cuda: GPU LOCAL_RANK mod the "
+                        "GPUs; the backend then reduces CUDA tensors)")
     p.add_argument("--hook", default="none",
                    choices=["none", "fp16", "powersgd", "bf16", "bf16-ef", "f16", "f16-ef", "fp8",
                             "fp8-ef"],
@@ -99,7 +102,7 @@ def load_data():
 
 
 def flat_params(model):
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu().numpy()
 
 
 def main():
@@ -119,11 +122,16 @@ def main():
         sys.exit(f"--batch {args.batch} is not divisible by the {world} ranks")
     local = args.batch // world
 
-    xtr, ytr, xte, yte = load_data()
+    dev = torch.device("cpu")
+    if args.device == "cuda":
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+    xtr, ytr, xte, yte = (t.to(dev) for t in load_data())
     # Same seed on every rank, so the same initial parameters (DDP broadcasts rank 0's anyway).
     net = torch.nn.Sequential(
-        torch.nn.Linear(64, args.hidden), torch.nn.ReLU(), torch.nn.Linear(args.hidden, 10))
-    model = torch.nn.parallel.DistributedDataParallel(net) if distributed else net
+        torch.nn.Linear(64, args.hidden), torch.nn.ReLU(), torch.nn.Linear(args.hidden, 10)).to(dev)
+    model = torch.nn.parallel.DistributedDataParallel(
+        net, device_ids=[dev.index] if dev.type == "cuda" else None) if distributed else net
     if distributed:
         register_hook(model, args.hook, args.backend)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
@@ -136,12 +144,13 @@ def main():
         with torch.no_grad():
             return (net(xte).argmax(1) == yte).float().mean().item()
 
-    log(f"backend={args.backend if distributed else 'none'} ranks={world} "
+    log(f"backend={args.backend if distributed else 'none'} ranks={world} device={dev} "
         f"global_batch={args.batch} local_batch={local} train={len(ytr)} test={len(yte)}")
     batches = len(ytr) // args.batch  # the last partial batch is dropped
     all_ms, step, acc, to_target = [], 0, 0.0, float("nan")
     for epoch in range(args.epochs):
-        order = torch.from_numpy(np.random.RandomState(SEED + 1 + epoch).permutation(len(ytr)))
+        order = torch.from_numpy(
+            np.random.RandomState(SEED + 1 + epoch).permutation(len(ytr))).to(dev)
         loss_sum, ms = torch.zeros(1, dtype=torch.float64), []
         for b in range(batches):
             if args.steps is not None and step >= args.steps:
@@ -153,6 +162,8 @@ def main():
             loss = F.cross_entropy(model(xb), yb)  # mean over the local slice
             loss.backward()  # DDP averages the gradients over the ranks here
             opt.step()
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)  # the step's time, not its launches'
             ms.append((time.perf_counter() - t0) * 1e3)
             loss_sum += loss.item()
             step += 1
@@ -171,6 +182,7 @@ def main():
     steady = all_ms[WARMUP_STEPS:] or all_ms
     if rank == 0:
         print(f"final: backend={args.backend if distributed else 'none'} ranks={world} "
+              f"device={dev.type} "
               f"steps={step} test_accuracy={acc:.4f} "
               f"step_ms_median={statistics.median(steady) if steady else float('nan'):.3f} "
               f"hook={args.hook} time_to_target_s={to_target:.3f}",

@@ -27,11 +27,15 @@ std::function<void()> RingreduceGroup::unpack_bytes(at::Tensor flat, std::vector
 c10::intrusive_ptr<c10d::Work> RingreduceGroup::receive(std::vector<at::Tensor>& tensors, int src,
                                                         int tag, c10d::OpType type) {
   const Call c{rank_, type == c10d::OpType::RECV ? "recv" : "recvAnysource"};
-  at::Tensor& user = single(tensors, c);
+  at::Tensor& user = one(tensors, c);
+  const Placement where = place({&user}, c);
+  const auto on_device = device_scope(where);
   Staging staging;
   at::Tensor t = staging.output(user);
   const Elems e = move_elems(t);
-  return launch(type, {user}, {comm().recv_async(t.data_ptr(), e.count, e.dtype, src, as_tag(tag))},
+  return launch(type, {user},
+                {comm().recv_async(t.data_ptr(), e.count, e.dtype, src, as_tag(tag),
+                                   call_options(where, c10d::kUnsetTimeout))},
                 staging);
 }
 
@@ -43,12 +47,14 @@ c10::intrusive_ptr<c10d::Work> RingreduceGroup::launch_pairs(c10d::OpType type, 
                                                              const c10d::ReduceOp* op) {
   check(!outputs.empty() && outputs.size() == inputs.size(), c,
         "expects as many outputs as inputs");
+  std::vector<const at::Tensor*> all;
+  for (size_t i = 0; i < inputs.size(); ++i) all.insert(all.end(), {&inputs[i], &outputs[i]});
+  const Placement where = place(all, c);
+  const auto on_device = device_scope(where);
   Staging staging;
   std::vector<rr::Work> ops;
   const auto n = static_cast<size_t>(size());
   for (size_t i = 0; i < inputs.size(); ++i) {
-    check_tensor(inputs[i], c);
-    check_tensor(outputs[i], c);
     check(outputs[i].scalar_type() == inputs[i].scalar_type(), c,
           "output and input differ in dtype");
     at::Tensor in = staging.input(inputs[i]);
@@ -59,7 +65,7 @@ c10::intrusive_ptr<c10d::Work> RingreduceGroup::launch_pairs(c10d::OpType type, 
             "the output must hold size x input elements (" + std::to_string(out.numel()) + " vs " +
                 std::to_string(in.numel()) + " x " + std::to_string(n) + ")");
       ops.push_back(comm().allgather_async(in.data_ptr(), out.data_ptr(), e.count, e.dtype,
-                                           call_options(timeout)));
+                                           call_options(where, timeout)));
     } else {
       const Elems e = reduce_elems(out, *op, c);
       const Reduction r = reduction(*op, c);
@@ -67,7 +73,8 @@ c10::intrusive_ptr<c10d::Work> RingreduceGroup::launch_pairs(c10d::OpType type, 
             "the input must hold size x output elements (" + std::to_string(in.numel()) + " vs " +
                 std::to_string(out.numel()) + " x " + std::to_string(n) + ")");
       ops.push_back(comm().reduce_scatter_async(in.data_ptr(), out.data_ptr(), e.count, e.dtype,
-                                                r.op, call_options(timeout, r.premul_factor)));
+                                                r.op,
+                                                call_options(where, timeout, r.premul_factor)));
     }
   }
   return launch(type, outputs, std::move(ops), {}, nullptr, staging);

@@ -132,14 +132,16 @@ class RingreduceGroup : public Base {
           "expects one tensor per rank, got " + std::to_string(tensors.size()));
     at::Tensor& user = tensors[0];
     if (user.is_sparse()) return sparse_allreduce(user, opts);
-    check_tensor(user, c);
+    const Placement where = place({&user}, c);
+    const auto on_device = device_scope(where);
     const Elems e = reduce_elems(user, opts.reduceOp, c);
     const Reduction r = reduction(opts.reduceOp, c);
-    rr::CallOptions call = call_options(opts.timeout, r.premul_factor);
+    rr::CallOptions call = call_options(where, opts.timeout, r.premul_factor);
     call.wire = wire;
     Staging staging;
     at::Tensor t = staging.inout(user);
-    if (t.nbytes() <= kInlineBytes && !t_completing) {
+    // (Not on a GPU: a blocking call there would wait for torch's stream to reach it.)
+    if (t.nbytes() <= kInlineBytes && !t_completing && !where.cuda) {
       // Small: run it here and now. Handing it to the progress thread costs two thread
       // switches, more than the op itself (a 4-byte allreduce on shared memory takes
       // microseconds); what overlap could hide is as small. The Work is complete on return.
@@ -191,7 +193,9 @@ class RingreduceGroup : public Base {
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override {
     const Call c{rank_, "broadcast"};
-    at::Tensor& user = single(tensors, c);
+    at::Tensor& user = one(tensors, c);
+    const Placement where = place({&user}, c);
+    const auto on_device = device_scope(where);
     check_root(opts.rootRank, c);
     check(opts.rootTensor == 0, c, "rootTensor must be 0 (one tensor per rank)");
     Staging staging;
@@ -200,7 +204,7 @@ class RingreduceGroup : public Base {
     return launch(
         c10d::OpType::BROADCAST, {user},
         {comm().broadcast_async(t.data_ptr(), e.count, e.dtype, static_cast<int>(opts.rootRank),
-                                call_options(opts.timeout))},
+                                call_options(where, opts.timeout))},
         staging);
   }
 
@@ -209,7 +213,9 @@ class RingreduceGroup : public Base {
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
                                         const c10d::ReduceOptions& opts) override {
     const Call c{rank_, "reduce"};
-    at::Tensor& user = single(tensors, c);
+    at::Tensor& user = one(tensors, c);
+    const Placement where = place({&user}, c);
+    const auto on_device = device_scope(where);
     check_root(opts.rootRank, c);
     check(opts.rootTensor == 0, c, "rootTensor must be 0 (one tensor per rank)");
     const int root = static_cast<int>(opts.rootRank);
@@ -220,7 +226,7 @@ class RingreduceGroup : public Base {
     return launch(
         c10d::OpType::REDUCE, {user},
         {comm().reduce_async(t.data_ptr(), rank_ == root ? t.data_ptr() : nullptr, e.count, e.dtype,
-                             r.op, root, call_options(opts.timeout, r.premul_factor))},
+                             r.op, root, call_options(where, opts.timeout, r.premul_factor))},
         staging);
   }
 
@@ -402,8 +408,8 @@ class RingreduceGroup : public Base {
                                                std::vector<int64_t>& in_splits,
                                                const c10d::AllToAllOptions& opts) override {
     const Call c{rank_, "alltoall_base"};
-    check_tensor(user_in, c);
-    check_tensor(user_out, c);
+    const Placement where = place({&user_in, &user_out}, c);
+    const auto on_device = device_scope(where);
     check(user_out.scalar_type() == user_in.scalar_type(), c, "output and input differ in dtype");
     auto blocks = [&](const at::Tensor& t, const std::vector<int64_t>& splits) {
       check(t.dim() > 0 || splits.empty(), c, "a tensor with no dim 0 cannot be split");
@@ -436,7 +442,7 @@ class RingreduceGroup : public Base {
     const Elems e = move_elems(in);
     return launch(c10d::OpType::ALLTOALL_BASE, {user_out},
                   {comm().alltoallv_async(in.data_ptr(), sc, out.data_ptr(), rc, e.dtype,
-                                          call_options(opts.timeout))},
+                                          call_options(where, opts.timeout))},
                   staging);
   }
 
@@ -478,12 +484,16 @@ class RingreduceGroup : public Base {
 
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
     const Call c{rank_, "send"};
-    at::Tensor& user = single(tensors, c);
+    at::Tensor& user = one(tensors, c);
+    const Placement where = place({&user}, c);
+    const auto on_device = device_scope(where);
     Staging staging;
     at::Tensor t = staging.input(user);
     const Elems e = move_elems(t);
     return launch(c10d::OpType::SEND, {user},
-                  {comm().send_async(t.data_ptr(), e.count, e.dtype, dst, as_tag(tag))}, staging);
+                  {comm().send_async(t.data_ptr(), e.count, e.dtype, dst, as_tag(tag),
+                                     call_options(where, c10d::kUnsetTimeout))},
+                  staging);
   }
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
     return receive(tensors, src, tag, c10d::OpType::RECV);
@@ -505,11 +515,17 @@ class RingreduceGroup : public Base {
   static uint64_t as_tag(int tag) {
     return static_cast<uint64_t>(static_cast<int64_t>(tag));
   }
-  at::Tensor& single(std::vector<at::Tensor>& tensors, const Call& c) const {
+  // The one tensor of a call that takes one per rank; single() also wants it on the CPU (one()
+  // leaves that to place()).
+  at::Tensor& one(std::vector<at::Tensor>& tensors, const Call& c) const {
     check(tensors.size() == 1, c,
           "expects one tensor per rank, got " + std::to_string(tensors.size()));
-    check_tensor(tensors[0], c);
     return tensors[0];
+  }
+  at::Tensor& single(std::vector<at::Tensor>& tensors, const Call& c) const {
+    at::Tensor& t = one(tensors, c);
+    check_tensor(t, c);
+    return t;
   }
   void check_root(int64_t root, const Call& c) const {
     check(root >= 0 && root < size(), c,

@@ -1,6 +1,10 @@
 #include "torch_tensors.h"
 
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/version.h>
+
+#include <type_traits>
+#include <utility>
 
 namespace ringreduce::torch_backend {
 
@@ -10,8 +14,70 @@ void fail(const Call& c, const std::string& what) {
 
 void check_tensor(const at::Tensor& t, const Call& c) {
   check(t.defined(), c, "an undefined tensor");
-  check(t.device().is_cpu(), c, "tensors must be on the CPU (this is " + t.device().str() + ")");
+  check(t.device().is_cpu(), c,
+        "tensors must be on the CPU here (this is " + t.device().str() + ")" +
+            (t.device().is_cuda()
+                 ? ": with CUDA tensors use the forms into and out of one tensor "
+                   "(all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single)"
+                 : ""));
   check(t.layout() == c10::kStrided, c, "only dense tensors are supported here");
+}
+
+namespace {
+
+// c10::Stream::native_handle() (torch 2.11 on): the raw cudaStream_t of a torch stream, which is
+// what the library orders a call on. Older torches give extensions no way to it without CUDA's
+// own headers (which a CPU build of torch, like Debian's, does not have).
+template <class S, class = void>
+struct HasNativeHandle : std::false_type {};
+template <class S>
+struct HasNativeHandle<S, std::void_t<decltype(std::declval<const S&>().native_handle())>>
+    : std::true_type {};
+
+template <class S>
+void* native_handle(const S& s) {
+  if constexpr (HasNativeHandle<S>::value)
+    return s.native_handle();
+  else
+    return nullptr;
+}
+
+}  // namespace
+
+bool cuda_tensors_supported() {
+  return HasNativeHandle<c10::Stream>::value;
+}
+
+Placement place(const std::vector<const at::Tensor*>& tensors, const Call& c) {
+  Placement p;
+  bool first = true;
+  for (const at::Tensor* t : tensors) {
+    check(t->defined(), c, "an undefined tensor");
+    check(t->layout() == c10::kStrided, c, "only dense tensors are supported here");
+    const c10::Device d = t->device();
+    check(d.is_cpu() || d.is_cuda(), c,
+          "tensors must be on the CPU or a CUDA device (this is " + d.str() + ")");
+    if (first) {
+      p.cuda = d.is_cuda();
+      p.device = d;
+      first = false;
+    }
+    check(
+        d == p.device, c,
+        "the call's tensors are on different devices (" + p.device.str() + " and " + d.str() + ")");
+    if (d.is_cuda())
+      check(t->is_contiguous(), c,
+            "CUDA tensors must be contiguous here (a view's copy back would run off torch's "
+            "stream)");
+  }
+  if (!p.cuda) return p;
+  check(cuda_tensors_supported(), c,
+        "CUDA tensors need torch 2.11 or later here (this is " TORCH_VERSION
+        "): an older torch gives extensions no handle to its CUDA stream "
+        "(c10::Stream::native_handle)");
+  const c10::Stream s = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(p.device);
+  p.stream = native_handle(s);
+  return p;
 }
 
 void check_list(const std::vector<at::Tensor>& list, size_t n, const at::Tensor& like,
@@ -206,9 +272,19 @@ std::function<void()> unpack(at::Tensor flat, std::vector<at::Tensor> list) {
   };
 }
 
+rr::CallOptions call_options(const Placement& where, std::chrono::milliseconds timeout,
+                             double premul_factor) {
+  rr::CallOptions o = call_options(timeout, premul_factor);
+  if (where.cuda) {
+    o.memory = rr::Memory::device;
+    o.stream = where.stream;
+  }
+  return o;
+}
+
 rr::CallOptions call_options(std::chrono::milliseconds timeout, double premul_factor) {
   rr::CallOptions o;
-  // The backend takes CPU tensors only (checked per call): saying so spares each call the driver's
+  // Where the tensors live is known (checked per call): saying so spares each call the driver's
   // pointer lookups in a process that uses CUDA (~0.1 us a buffer, docs/GPU.md).
   o.memory = rr::Memory::host;
   if (timeout != c10d::kUnsetTimeout && timeout.count() > 0) o.timeout = timeout;

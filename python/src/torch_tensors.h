@@ -5,6 +5,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include <functional>
@@ -27,8 +28,32 @@ struct Call {
 inline void check(bool ok, const Call& c, const std::string& what) {
   if (!ok) fail(c, what);
 }
-// A dense CPU tensor (any layout of strides: staging makes it contiguous).
+// A dense CPU tensor (any layout of strides: staging makes it contiguous). What the list forms
+// (allgather into a list, gather, scatter, alltoall of lists, allreduce_coalesced) take, whose
+// packing and unpacking would run off torch's stream on a GPU.
 void check_tensor(const at::Tensor& t, const Call& c);
+
+// Where a call's tensors live, all of them alike: the CPU, or one CUDA device, in which case the
+// call is ordered on the stream torch orders work on there (its current stream when the call is
+// made), as NCCL's calls are: the library stages the tensors through host memory on that stream
+// (docs/GPU.md) and the call returns at once.
+struct Placement {
+  bool cuda = false;
+  c10::Device device{c10::kCPU};
+  void* stream = nullptr;  // the cudaStream_t
+};
+// Checks every tensor (dense; on the CPU, or all contiguous on one CUDA device) and says where.
+// CUDA tensors need torch to give extensions the stream's handle (c10::Stream::native_handle,
+// torch 2.11 on); an older torch has them refused, naming why. `alternative` names the form
+// to use with CUDA tensors where only CPU ones are taken ("" where CUDA ones are).
+Placement place(const std::vector<const at::Tensor*>& tensors, const Call& c);
+// Whether this build of the backend can take CUDA tensors at all (see place()).
+bool cuda_tensors_supported();
+// Makes the call's device current while the call is issued (the staging's events and copies are
+// made on it); nothing on the CPU.
+inline c10::OptionalDeviceGuard device_scope(const Placement& p) {
+  return p.cuda ? c10::OptionalDeviceGuard(p.device) : c10::OptionalDeviceGuard();
+}
 // Every tensor of a per-rank list: `n` of them, dense, on the CPU, of like's dtype.
 void check_list(const std::vector<at::Tensor>& list, size_t n, const at::Tensor& like,
                 const Call& c);
@@ -76,7 +101,10 @@ class Staging {
 at::Tensor pack(const std::vector<at::Tensor>& list);
 std::function<void()> unpack(at::Tensor flat, std::vector<at::Tensor> list);
 
-// A c10d per-call timeout as ringreduce's (kUnsetTimeout: the communicator's).
+// A c10d per-call timeout as ringreduce's (kUnsetTimeout: the communicator's), for tensors on
+// the CPU, or placed as `where` says.
 rr::CallOptions call_options(std::chrono::milliseconds timeout, double premul_factor = 1.0);
+rr::CallOptions call_options(const Placement& where, std::chrono::milliseconds timeout,
+                             double premul_factor = 1.0);
 
 }  // namespace ringreduce::torch_backend

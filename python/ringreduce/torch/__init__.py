@@ -40,13 +40,16 @@ def _has_fault_tolerance():
 
 
 if BACKEND.upper() not in _dist.Backend._plugins:
+    # torch 2.x dispatches per device: without "cpu" here it finds no backend for CPU tensors'
+    # point-to-point calls; with "cuda" too, CUDA tensors come here as well (one backend serves
+    # both: torch makes one when every device names the same backend). They are staged through
+    # host memory on torch's current stream (docs/GPU.md), where torch gives extensions that
+    # stream (2.11 on); an older torch has them refused with a message saying so.
     if _has_fault_tolerance():
         _dist.Backend.register_backend(BACKEND, _create_extended, extended_api=True,
-                                       devices=["cpu"])
+                                       devices=["cpu", "cuda"])
     elif _torch_backend.TORCH_MAJOR >= 2:
-        # torch 2.x dispatches per device: without "cpu" here it finds no backend for CPU
-        # tensors' point-to-point calls.
-        _dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
+        _dist.Backend.register_backend(BACKEND, _create, devices=["cpu", "cuda"])
     else:
         _dist.Backend.register_backend(BACKEND, _create)
 
