@@ -334,8 +334,10 @@ std::exception_ptr CommImpl::execute(OpState& op) {
     const double traced_since = timeline_ ? core::Timeline::now_us() : 0;
     if (timeline_) timeline_->op_begin(op.tag.seq);
     try {
-      // Device memory: the stream must have copied the input to host memory first.
-      if (op.stage) op.stage->wait_input(core::Deadline::after(op.timeout));
+      // Device memory: the stream must have copied the input to host memory first (a call staged
+      // in pieces waits piece by piece, below).
+      const bool in_pieces = op.stage && op.stage->pieces() > 1;
+      if (op.stage && !in_pieces) op.stage->wait_input(core::Deadline::after(op.timeout));
       // premul_sum: the input, multiplied by this rank's factor, into a buffer of the op's own;
       // the algorithm then sums that (out of place whatever the call's placement was). Other ops
       // run on the call's own arguments, not a copy.
@@ -372,11 +374,11 @@ std::exception_ptr CommImpl::execute(OpState& op) {
         const auto started = core::Clock::now();
         RR_LOG(trace, coll, rank_, describe(op.tag), ": ", op.plan.algorithm->name,
                ", segments of ", op.plan.segment_bytes, " B, ", op.plan.channels, " channel(s)");
-        op.plan.algorithm->run(ctx, *run_args);
+        run_algorithm(op, ctx, *run_args, in_pieces);
         RR_LOG(trace, coll, rank_, describe(op.tag), ": done in ",
                static_cast<int64_t>(core::seconds_since(started) * 1e6), " us");
       } else {
-        op.plan.algorithm->run(ctx, *run_args);
+        run_algorithm(op, ctx, *run_args, in_pieces);
       }
     } catch (const Error& e) {
       passed_on = dynamic_cast<const transport::NoticeError*>(&e) != nullptr;
@@ -406,6 +408,13 @@ std::exception_ptr CommImpl::execute(OpState& op) {
     if (error) error = fail_communicator(error, prefix, passed_on);
   }
   return error;
+}
+
+void CommImpl::run_algorithm(OpState& op, algorithms::Context& ctx, const algorithms::Args& args,
+                             bool in_pieces) {
+  if (!in_pieces) return op.plan.algorithm->run(ctx, args);
+  op.stage->run_pieces(args, core::Deadline::after(op.timeout),
+                       [&](const algorithms::Args& piece) { op.plan.algorithm->run(ctx, piece); });
 }
 
 std::exception_ptr CommImpl::fail_communicator(std::exception_ptr error,

@@ -272,6 +272,9 @@ class CommImpl {
   static void p2p_done(transport::P2pRequest* request, std::exception_ptr error);
   // After an error in the thread that drives: names its deepest cause, fails the transport and
   // every point-to-point request, and aborts the communicator. Returns the error to report.
+  // Runs op's algorithm on args: whole, or piece by piece as its device staging has it.
+  void run_algorithm(OpState& op, algorithms::Context& ctx, const algorithms::Args& args,
+                     bool in_pieces);
   std::exception_ptr fail_communicator(std::exception_ptr error,
                                        const std::function<std::string()>& prefix,
                                        bool passed_on = false);

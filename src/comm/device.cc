@@ -165,7 +165,8 @@ bool DeviceStage::wanted(const algorithms::Args& args, const CallOptions& call) 
 }
 
 DeviceStage::DeviceStage(algorithms::Args& args, size_t send_bytes, size_t recv_bytes,
-                         const CallOptions& call, DeviceRuntime& runtime, StagingPool& pool)
+                         const CallOptions& call, DeviceRuntime& runtime, StagingPool& pool,
+                         size_t piece_elems)
     : runtime_(runtime), pool_(pool), stream_(call.stream) {
   if (call.side_stream) {
     // The communicator's stream takes the call after what the caller's stream has so far; the
@@ -196,15 +197,26 @@ DeviceStage::DeviceStage(algorithms::Args& args, size_t send_bytes, size_t recv_
     recv_at = total;
     total += recv_dev ? recv_bytes : 0;
   }
-  input_ = runtime.event();
+  // Pieces only where both sides hold the call's elements alike (allreduce's send and recv).
+  const size_t elem = dtype_size(args.dtype);
+  size_t pieces = 1;
+  if (piece_elems > 0 && piece_elems < args.count && send_bytes == recv_bytes &&
+      send_bytes == args.count * elem) {
+    pieces = (args.count + piece_elems - 1) / piece_elems;
+    piece_elems_ = piece_elems;
+  }
+  for (size_t p = 0; p < pieces; ++p) inputs_.push_back(runtime.event());
   output_ = runtime.event();
   if (!send_dev && !recv_dev) {
-    input_->record(stream_);
+    for (auto& e : inputs_) e->record(stream_);
     output_->record(stream_);
     released_ = true;  // nothing waits for this op on the stream
     return;
   }
   slot_ = pool.acquire(total);
+  // The piece's releases take the generations from the slot's: the last is what release() stores.
+  first_release_ = slot_->generation;
+  slot_->generation += static_cast<uint32_t>(pieces - 1);
   char* base = slot_->data();
   char* host_send = nullptr;
   char* host_recv = nullptr;
@@ -216,10 +228,22 @@ DeviceStage::DeviceStage(algorithms::Args& args, size_t send_bytes, size_t recv_
     host_recv = recv_dev ? base + recv_at : nullptr;
   }
   try {
-    if (send_dev) runtime.copy(host_send, send, send_bytes, stream_);
-    input_->record(stream_);
-    runtime.wait_value(stream_, slot_->flag(), slot_->generation);
-    if (recv_dev) runtime.copy(recv, host_recv, recv_bytes, stream_);
+    // Piece p's bytes of a buffer of `bytes`: (offset, length); the whole in one piece.
+    auto part = [&](size_t p, size_t bytes) -> std::pair<size_t, size_t> {
+      if (pieces == 1) return {0, bytes};
+      const size_t from = p * piece_elems * elem;
+      return {from, std::min(bytes - from, piece_elems * elem)};
+    };
+    for (size_t p = 0; p < pieces; ++p) {
+      const auto [from, n] = part(p, send_bytes);
+      if (send_dev) runtime.copy(host_send + from, send + from, n, stream_);
+      inputs_[p]->record(stream_);
+    }
+    for (size_t p = 0; p < pieces; ++p) {
+      runtime.wait_value(stream_, slot_->flag(), first_release_ + static_cast<uint32_t>(p));
+      const auto [from, n] = part(p, recv_bytes);
+      if (recv_dev) runtime.copy(recv + from, host_recv + from, n, stream_);
+    }
     // The slot's event first: a caller that saw its output arrive finds the slot free for its
     // next call (else a quick next call would take a new slot).
     slot_->done->record(stream_);
@@ -238,14 +262,16 @@ DeviceStage::~DeviceStage() {
 }
 
 bool DeviceStage::input_ready() {
-  return input_->done();
+  return inputs_.back()->done();
 }
 
-void DeviceStage::wait_input(const core::Deadline& deadline) {
-  // Spin briefly (the stream is usually there already), then poll gently: the op's driver has
-  // nothing else to do until its input is in host memory.
+namespace {
+
+// Spin briefly (the stream is usually there already), then poll gently: the op's driver has
+// nothing else to do until its input is in host memory.
+void wait_event(DeviceRuntime::Event& e, const core::Deadline& deadline) {
   for (int spins = 0;; ++spins) {
-    if (input_->done()) return;
+    if (e.done()) return;
     if (deadline.expired())
       throw TimeoutError(
           "the call's input was not ready on its CUDA stream within the timeout "
@@ -254,6 +280,30 @@ void DeviceStage::wait_input(const core::Deadline& deadline) {
       std::this_thread::yield();
     else
       std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+}  // namespace
+
+void DeviceStage::wait_input(const core::Deadline& deadline) {
+  for (auto& e : inputs_) wait_event(*e, deadline);
+}
+
+void DeviceStage::run_pieces(const algorithms::Args& args, const core::Deadline& deadline,
+                             const std::function<void(const algorithms::Args&)>& run) {
+  const size_t elem = dtype_size(args.dtype);
+  for (size_t p = 0; p < pieces(); ++p) {
+    wait_event(*inputs_[p], deadline);
+    algorithms::Args piece = args;
+    const size_t from = p * piece_elems_;
+    piece.count = std::min(piece_elems_, args.count - from);
+    piece.send = static_cast<const char*>(args.send) + from * elem;
+    piece.recv = static_cast<char*>(args.recv) + from * elem;
+    run(piece);
+    // Piece p's output is final: the stream may copy it out while the next piece runs.
+    if (slot_ && p + 1 < pieces())
+      std::atomic_ref<uint32_t>(*slot_->flag())
+          .store(first_release_ + static_cast<uint32_t>(p), std::memory_order_release);
   }
 }
 
@@ -296,7 +346,21 @@ void CommImpl::stage_device(OpState& op, const CallOptions& call) {
     send_bytes = algorithms::send_elements(a, rank_, size_) * elem;
     recv_bytes = algorithms::recv_elements(a, rank_, size_) * elem;
   }
-  op.stage = std::make_shared<DeviceStage>(a, send_bytes, recv_bytes, call, runtime, *staging_);
+  // Large allreduces in pieces (DeviceStage): pieces of at least 4 MiB, at most 8 of them (the
+  // copies the op does not hide are one piece's each way; each piece costs the algorithm's
+  // latency once more). Not through the shared window (its algorithms stamp each op's sequence
+  // number once), nor premul_sum (its scaling reads the whole input first), nor coded calls.
+  size_t piece_elems = 0;
+  constexpr size_t kPieceMin = 4 << 20, kMaxPieces = 8;
+  if (!op.is_p2p && a.kind == algorithms::Collective::allreduce && a.op != ReduceOp::premul_sum &&
+      a.wire == Wire::none && !op.plan.algorithm->needs_window && !op.plan.fallback &&
+      send_bytes >= 2 * kPieceMin) {
+    const size_t pieces = std::min(kMaxPieces, send_bytes / kPieceMin);
+    const size_t per = (a.count + pieces - 1) / pieces;
+    piece_elems = (per * elem + 63) / 64 * 64 / elem;  // whole cache lines where elem divides 64
+  }
+  op.stage = std::make_shared<DeviceStage>(a, send_bytes, recv_bytes, call, runtime, *staging_,
+                                           piece_elems);
 }
 
 }  // namespace ringreduce::detail

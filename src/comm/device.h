@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -52,7 +53,9 @@ class DeviceRuntime {
   virtual std::unique_ptr<Event> event() = 0;
   // Enqueued on the stream, in any direction.
   virtual void copy(void* dst, const void* src, size_t bytes, void* stream) = 0;
-  // Enqueues a wait until *flag == value (flag in host_memory()).
+  // Enqueues a wait until *flag has reached value, cyclically ((int32_t)(*flag - value) >= 0, as
+  // CUDA's CU_STREAM_WAIT_VALUE_GEQ; flag in host_memory()), so that a host that has released
+  // several waits at once by one store lets the stream through every one of them.
   virtual void wait_value(void* stream, const uint32_t* flag, uint32_t value) = 0;
   // A stream of the library's own (non-blocking, on the current device), and its end.
   virtual void* create_stream() = 0;
@@ -124,13 +127,27 @@ class DeviceStage {
   // Maps args' device buffers to host staging (rewriting args.send/recv) and enqueues on
   // call.stream: the input's copy, the input event, the wait for release(), the output's copy,
   // the slot's done event. send_bytes/recv_bytes: what this rank's buffers hold.
+  //
+  // piece_elems > 0 (an element-wise call whose algorithm can run on any part of it: allreduce
+  // over links, not the shared window): the call is staged in pieces of that many elements, so
+  // that the copies overlap the op (issue 44, the staged path overlapped): every piece's copy in
+  // and its input event first, then per piece a wait for its release and its copy out. The op
+  // runs the algorithm piece by piece (run_pieces): piece p reduces while the stream copies p+1
+  // in and p-1 out, and a call costs its op plus one piece's copies, not two whole copies more.
   DeviceStage(algorithms::Args& args, size_t send_bytes, size_t recv_bytes, const CallOptions& call,
-              DeviceRuntime& runtime, StagingPool& pool);
+              DeviceRuntime& runtime, StagingPool& pool, size_t piece_elems = 0);
   // Releases the stream if release() was not called (an op dropped on the way).
   ~DeviceStage();
   DeviceStage(const DeviceStage&) = delete;
   DeviceStage& operator=(const DeviceStage&) = delete;
 
+  // How many pieces the call is staged in (1: whole).
+  size_t pieces() const { return inputs_.size(); }
+  // Runs `run` on each piece of args in turn (the call's elements [p x piece, ...)), each after
+  // its input is in host memory, releasing each piece's output to the stream as it is done. A
+  // TimeoutError (as wait_input's) if a piece's input does not arrive by the deadline.
+  void run_pieces(const algorithms::Args& args, const core::Deadline& deadline,
+                  const std::function<void(const algorithms::Args&)>& run);
   // Whether the input has been copied to host memory (the stream reached the call).
   bool input_ready();
   // Waits until input_ready(); a TimeoutError (naming the stream) at the deadline.
@@ -146,8 +163,12 @@ class DeviceStage {
   DeviceRuntime& runtime_;
   StagingPool& pool_;
   StagingPool::Slot* slot_ = nullptr;
-  std::unique_ptr<DeviceRuntime::Event> input_;
+  // One input event per piece (the last is the whole input's); the flag's value releasing piece
+  // p is first_release_ + p.
+  std::vector<std::unique_ptr<DeviceRuntime::Event>> inputs_;
   std::unique_ptr<DeviceRuntime::Event> output_;  // after the copy out
+  size_t piece_elems_ = 0;
+  uint32_t first_release_ = 0;
   void* stream_ = nullptr;
   bool released_ = false;
 };

@@ -64,6 +64,42 @@ TEST_F(Device, AllreduceEveryPlacementAndForm) {
     });
 }
 
+// A large allreduce is staged in pieces (at least 4 MiB each, at most 8: one wait on the stream
+// per piece), each piece reduced as its input arrives and copied out while the next one runs;
+// every element right in and out of place, blocking and async, with a count that is not a whole
+// number of pieces. Smaller calls stay whole (one wait).
+TEST_F(Device, LargeAllreduceIsStagedInPieces) {
+  run_ranks(2, [&](Communicator& comm) {
+    Stream stream;
+    const int me = comm.rank();
+    for (size_t count : {size_t{2} << 20, (size_t{5} << 20) + 3})
+      for (int form = 0; form < 4; ++form) {
+        const bool in_place = form & 1, async = form & 2;
+        float* send = dev_->alloc_of<float>(count);
+        float* recv = in_place ? send : dev_->alloc_of<float>(count);
+        for (size_t i = 0; i < count; ++i) dev_->view(send)[i] = float(me + 1) * float(i % 89);
+        CallOptions call;
+        call.stream = &stream;
+        // Between the barriers both ranks (one emulated device) issue this call and no other.
+        const size_t waits = dev_->value_waits();
+        comm.barrier();
+        if (async) {
+          auto w = comm.allreduce_async(send, recv, count, DataType::f32, ReduceOp::sum, call);
+          w.wait();
+          stream.synchronize();
+        } else {
+          comm.allreduce(send, recv, count, DataType::f32, ReduceOp::sum, call);
+        }
+        comm.barrier();
+        // 8 MiB: 2 pieces of 4 MiB; 20 MiB + 12 B: 5 pieces (the last 308 B short of the others).
+        EXPECT_EQ(dev_->value_waits() - waits, 2 * (count == (size_t{2} << 20) ? 2u : 5u));
+        for (size_t i = 0; i < count; ++i)
+          ASSERT_EQ(dev_->view(recv)[i], 3.0f * float(i % 89))
+              << "count " << count << " form " << form << " element " << i;
+      }
+  });
+}
+
 // The call returns while its stream is still busy with earlier work; the op runs once the
 // stream gets there, and the stream's later work sees the result.
 TEST_F(Device, StreamOrderedCallReturnsAtOnce) {

@@ -132,6 +132,8 @@ class EmulatedDevice final : public DeviceRuntime {
   }
   Stream& default_stream() { return default_; }
   size_t host_allocations() const { return host_allocations_.load(); }
+  // Waits on a host flag enqueued so far: one per piece a call is staged in.
+  size_t value_waits() const { return value_waits_.load(); }
 
   bool in_use() override { return true; }
   bool is_device(const void* p) override {
@@ -220,11 +222,12 @@ class EmulatedDevice final : public DeviceRuntime {
     return std::make_unique<Shared>(*this, core::Fd(dup(fd)), bytes);
   }
   void wait_value(void* s, const uint32_t* flag, uint32_t value) override {
+    ++value_waits_;
     stream(s).enqueue([flag, value] {
       std::atomic_ref<const uint32_t> f(*flag);
       // Bounded, so that a staging bug fails the test instead of hanging it.
       const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-      while (f.load(std::memory_order_acquire) != value) {
+      while (static_cast<int32_t>(f.load(std::memory_order_acquire) - value) < 0) {
         if (std::chrono::steady_clock::now() > until) {
           std::cerr << "emulated stream: the flag was never released\n";
           std::abort();
@@ -252,6 +255,7 @@ class EmulatedDevice final : public DeviceRuntime {
   char* backing_ = nullptr;
   size_t next_ = 0;
   std::atomic<size_t> host_allocations_{0};
+  std::atomic<size_t> value_waits_{0};
   Stream default_;
 };
 

@@ -102,7 +102,8 @@ struct FlagWait {
 void CUDART_CB poll_flag(void* p) {
   const auto* w = static_cast<FlagWait*>(p);
   std::atomic_ref<const uint32_t> flag(*w->flag);
-  while (flag.load(std::memory_order_acquire) != w->value)
+  // Reached, cyclically (as CU_STREAM_WAIT_VALUE_GEQ compares).
+  while (static_cast<int32_t>(flag.load(std::memory_order_acquire) - w->value) < 0)
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   delete w;
 }
@@ -187,7 +188,7 @@ void wait_value(void* stream, const uint32_t* flag, uint32_t value) {
     check(cudaHostGetDevicePointer(&dev, const_cast<uint32_t*>(flag), 0),
           "cudaHostGetDevicePointer");
     const CUresult r = f(static_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(dev), value,
-                         CU_STREAM_WAIT_VALUE_EQ);
+                         CU_STREAM_WAIT_VALUE_GEQ);
     if (r == CUDA_SUCCESS) return;
     if (r != CUDA_ERROR_NOT_SUPPORTED)
       throw Error("cuda: cuStreamWaitValue32 failed (CUresult " + std::to_string(r) + ")");

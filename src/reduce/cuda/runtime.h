@@ -61,9 +61,10 @@ void destroy_stream(void* stream);
 
 // cudaMemcpyAsync with the direction found from the pointers (cudaMemcpyDefault).
 void copy_async(void* dst, const void* src, size_t bytes, void* stream);
-// Makes the stream wait until *flag == value; flag lies in a PinnedBuffer, and the host writes it
-// with a release store. cuStreamWaitValue32 where the device supports stream memory operations,
-// else a host function that polls the flag (it holds CUDA's callback thread meanwhile).
+// Makes the stream wait until *flag has reached value, cyclically ((int32_t)(*flag - value) >= 0:
+// a store of a later value releases every earlier wait); flag lies in a PinnedBuffer, and the host
+// writes it with a release store. cuStreamWaitValue32 where the device supports stream memory
+// operations, else a host function that polls the flag (it holds CUDA's callback thread meanwhile).
 void wait_value(void* stream, const uint32_t* flag, uint32_t value);
 
 // Device memory another process on this host maps (shared_memory.cc): CUDA's virtual memory
