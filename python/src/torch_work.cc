@@ -67,6 +67,7 @@ WorkRR::WorkRR(int rank, c10d::OpType type, std::vector<at::Tensor> outputs,
       comm_(comm),
       future_(
           c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
+  if (after_) caller_state_.emplace();
 }
 
 c10::intrusive_ptr<c10d::Work> WorkRR::launch(c10::intrusive_ptr<WorkRR> self,
@@ -159,7 +160,7 @@ bool WorkRR::wait(std::chrono::milliseconds timeout) {
 void WorkRR::complete(std::exception_ptr e) {
   if (!e && after_) {
     try {
-      const at::ThreadLocalStateGuard as_the_caller(caller_state_);
+      const at::ThreadLocalStateGuard as_the_caller(*caller_state_);
       after_();
     } catch (...) {
       e = std::current_exception();

@@ -5,6 +5,8 @@
 
 #include <ATen/ThreadLocalState.h>
 
+#include <optional>
+
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
@@ -117,7 +119,8 @@ class WorkRR : public c10d::Work {
   // The issuing thread's (inference mode, grad mode, dispatch keys): `after` writes the caller's
   // output tensors from whichever thread completes the op, and torch refuses an in-place write
   // to an inference tensor outside inference mode (gloo carries the state to its worker too).
-  at::ThreadLocalState caller_state_;
+  // Taken only for a Work that has an `after`: most have none.
+  std::optional<at::ThreadLocalState> caller_state_;
   rr::Communicator* comm_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
