@@ -34,6 +34,18 @@ class Device : public ::testing::Test {
   std::shared_ptr<EmulatedDevice> dev_;
 };
 
+// A float sum on call.stream, blocking or async; either way the stream has passed it on return.
+void sum_on_stream(Communicator& comm, const float* send, float* recv, size_t count,
+                   const CallOptions& call, bool async) {
+  if (async) {
+    auto w = comm.allreduce_async(send, recv, count, DataType::f32, ReduceOp::sum, call);
+    w.wait();
+    static_cast<Stream*>(call.stream)->synchronize();
+  } else {
+    comm.allreduce(send, recv, count, DataType::f32, ReduceOp::sum, call);
+  }
+}
+
 // allreduce in and out of place, blocking and async, detected and stated: every element right.
 TEST_F(Device, AllreduceEveryPlacementAndForm) {
   for (int n : {1, 2, 3})
@@ -49,13 +61,7 @@ TEST_F(Device, AllreduceEveryPlacementAndForm) {
           CallOptions call;
           call.stream = &stream;
           call.memory = form == 3 ? Memory::device : Memory::automatic;
-          if (async) {
-            auto w = comm.allreduce_async(send, recv, count, DataType::f32, ReduceOp::sum, call);
-            w.wait();
-            stream.synchronize();
-          } else {
-            comm.allreduce(send, recv, count, DataType::f32, ReduceOp::sum, call);
-          }
+          sum_on_stream(comm, send, recv, count, call, async);
           const float ranks = float(n * (n + 1) / 2);
           for (size_t i = 0; i < count; ++i)
             ASSERT_EQ(dev_->view(recv)[i], ranks * float(i % 97))
@@ -91,13 +97,7 @@ TEST_F(Device, LargeAllreduceIsStagedInPieces) {
         // Between the barriers both ranks (one emulated device) issue this call and no other.
         const size_t waits = dev_->value_waits();
         comm.barrier();
-        if (async) {
-          auto w = comm.allreduce_async(send, recv, count, DataType::f32, ReduceOp::sum, call);
-          w.wait();
-          stream.synchronize();
-        } else {
-          comm.allreduce(send, recv, count, DataType::f32, ReduceOp::sum, call);
-        }
+        sum_on_stream(comm, send, recv, count, call, async);
         comm.barrier();
         // 8 MiB: 2 pieces of 4 MiB; 20 MiB + 12 B: 5 pieces (the last 308 B short of the others).
         EXPECT_EQ(dev_->value_waits() - waits, 2 * (count == (size_t{2} << 20) ? 2u : 5u));

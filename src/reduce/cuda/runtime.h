@@ -90,8 +90,9 @@ class SharedDeviceBuffer {
 
  private:
   SharedDeviceBuffer() = default;
-  unsigned long long handle_ = 0;  // CUmemGenericAllocationHandle
-  unsigned long long ptr_ = 0;     // CUdeviceptr
+  void map_on(int device, size_t granularity);  // reserve, map, make read-write (shared_memory.cc)
+  unsigned long long handle_ = 0;               // CUmemGenericAllocationHandle
+  unsigned long long ptr_ = 0;                  // CUdeviceptr
   size_t bytes_ = 0;
   bool mapped_ = false, reserved_ = false, have_handle_ = false;
 };

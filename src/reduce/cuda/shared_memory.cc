@@ -92,44 +92,51 @@ CUmemAllocationProp props(int dev) {
   return p;
 }
 
+size_t granularity(const Vmm& v, const CUmemAllocationProp& p) {
+  size_t gran = 0;
+  check(v.granularity(&gran, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+        "cuMemGetAllocationGranularity");
+  return gran;
+}
+
 }  // namespace
 
-// Both ways end alike: a reserved range, the allocation mapped into it, read-write for this
-// process's current device.
+// Both ways end alike: a reserved range, the allocation (handle_) mapped into it, read-write for
+// this process's current device.
+void SharedDeviceBuffer::map_on(int device, size_t gran) {
+  const Vmm& v = vmm();
+  CUdeviceptr ptr = 0;
+  check(v.reserve(&ptr, bytes_, gran, 0, 0), "cuMemAddressReserve");
+  ptr_ = ptr;
+  reserved_ = true;
+  check(v.map(ptr, bytes_, 0, static_cast<CUmemGenericAllocationHandle>(handle_), 0), "cuMemMap");
+  mapped_ = true;
+  CUmemAccessDesc a{};
+  a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  a.location.id = device;
+  a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  check(v.set_access(ptr, bytes_, &a, 1), "cuMemSetAccess");
+}
+
 std::unique_ptr<SharedDeviceBuffer> SharedDeviceBuffer::create(size_t bytes) {
   const Vmm& v = vmm();
   const int dev = current_device();
   const CUmemAllocationProp p = props(dev);
-  size_t gran = 0;
-  check(v.granularity(&gran, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
-        "cuMemGetAllocationGranularity");
+  const size_t gran = granularity(v, p);
   std::unique_ptr<SharedDeviceBuffer> b(new SharedDeviceBuffer);
   b->bytes_ = (std::max<size_t>(bytes, 1) + gran - 1) / gran * gran;
   CUmemGenericAllocationHandle h = 0;
   check(v.create(&h, b->bytes_, &p, 0), "cuMemCreate");
   b->handle_ = h;
   b->have_handle_ = true;
-  CUdeviceptr ptr = 0;
-  check(v.reserve(&ptr, b->bytes_, gran, 0, 0), "cuMemAddressReserve");
-  b->ptr_ = ptr;
-  b->reserved_ = true;
-  check(v.map(ptr, b->bytes_, 0, h, 0), "cuMemMap");
-  b->mapped_ = true;
-  CUmemAccessDesc a{};
-  a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  a.location.id = dev;
-  a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  check(v.set_access(ptr, b->bytes_, &a, 1), "cuMemSetAccess");
+  b->map_on(dev, gran);
   return b;
 }
 
 std::unique_ptr<SharedDeviceBuffer> SharedDeviceBuffer::import(int fd, size_t bytes) {
   const Vmm& v = vmm();
   const int dev = current_device();
-  const CUmemAllocationProp p = props(dev);
-  size_t gran = 0;
-  check(v.granularity(&gran, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
-        "cuMemGetAllocationGranularity");
+  const size_t gran = granularity(v, props(dev));
   if (bytes == 0 || bytes % gran != 0)
     throw Error("cuda: an imported device buffer of " + std::to_string(bytes) +
                 " bytes is not a multiple of the granularity (" + std::to_string(gran) + ")");
@@ -143,17 +150,7 @@ std::unique_ptr<SharedDeviceBuffer> SharedDeviceBuffer::import(int fd, size_t by
         "cuMemImportFromShareableHandle");
   b->handle_ = h;
   b->have_handle_ = true;
-  CUdeviceptr ptr = 0;
-  check(v.reserve(&ptr, bytes, gran, 0, 0), "cuMemAddressReserve");
-  b->ptr_ = ptr;
-  b->reserved_ = true;
-  check(v.map(ptr, bytes, 0, h, 0), "cuMemMap");
-  b->mapped_ = true;
-  CUmemAccessDesc a{};
-  a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  a.location.id = dev;
-  a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  check(v.set_access(ptr, bytes, &a, 1), "cuMemSetAccess");
+  b->map_on(dev, gran);
   return b;
 }
 

@@ -6,10 +6,10 @@ Prints one "FAIL ..." line per wrong result and "OK <checks>" at the end; exits 
 """
 
 import os
-import sys
 
 import torch
 import torch.distributed as dist
+from gpu_checks import Checks
 
 import ringreduce.torch  # noqa: F401  (registers the backend)
 
@@ -17,16 +17,8 @@ dist.init_process_group("ringreduce")
 R, N = dist.get_rank(), dist.get_world_size()
 dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", R)) % torch.cuda.device_count())
 torch.cuda.set_device(dev)
-failures = []
-checks = 0
-
-
-def check(what, got, want):
-    global checks
-    checks += 1
-    if not torch.equal(got.cpu(), want.cpu()):
-        failures.append(f"FAIL rank {R}: {what}: {got.cpu().flatten()[:8].tolist()} != "
-                        f"{want.cpu().flatten()[:8].tolist()}")
+checks = Checks(R)
+check = checks.check
 
 
 def on_gpu(t):
@@ -90,17 +82,14 @@ s.synchronize()
 check("all_reduce on a side stream", t, torch.full((1 << 18,), float(N * (N + 1))))
 
 # A list form is refused, naming the form that takes CUDA tensors.
-checks += 1
+checks.count += 1
 try:
     dist.all_gather([torch.zeros(4, device=dev) for _ in range(N)], torch.ones(4, device=dev))
-    failures.append(f"FAIL rank {R}: all_gather into a list of CUDA tensors: no error")
+    checks.fail("all_gather into a list of CUDA tensors", "no error")
 except Exception as e:  # noqa: BLE001
     if "all_gather_into_tensor" not in str(e):
-        failures.append(f"FAIL rank {R}: all_gather into a list: {e}")
+        checks.fail("all_gather into a list of CUDA tensors", str(e))
 
 dist.barrier()
 dist.destroy_process_group()
-for line in failures[:20]:
-    print(line, flush=True)
-print(f"{'OK' if not failures else 'FAILED'} {checks} checks", flush=True)
-sys.exit(1 if failures else 0)
+checks.finish()

@@ -4,23 +4,15 @@ against the same calls on CPU tensors. Needs a GPU: scripts/gpu-check runs it un
 Prints one "FAIL ..." line per wrong result and "OK <checks>" at the end; exits 1 on a failure.
 """
 
-import sys
-
 import torch
+from gpu_checks import Checks
 
 import ringreduce
 
 comm = ringreduce.init()
 R, N = comm.rank, comm.size
-failures = []
-checks = 0
-
-
-def check(what, got, want):
-    global checks
-    checks += 1
-    if not torch.equal(got.cpu(), want.cpu()):
-        failures.append(f"FAIL rank {R}: {what}: {got.cpu()[:8].tolist()} != {want.cpu()[:8].tolist()}")
+checks = Checks(R)
+check = checks.check
 
 
 dev = torch.device("cuda", 0)
@@ -64,7 +56,4 @@ if cupy is not None:
     check("allreduce of a CuPy array", torch.as_tensor(a.get()),
           torch.full((4099,), float(N * (N + 1) // 2)))
 
-for line in failures:
-    print(line)
-print(f"{'OK' if not failures else 'FAILED'} {checks} checks{'' if cupy else ' (no CuPy)'}")
-sys.exit(1 if failures else 0)
+checks.finish("" if cupy else " (no CuPy)")
