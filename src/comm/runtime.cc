@@ -28,12 +28,12 @@ size_t open_descriptors() {
   return n;
 }
 
-// The descriptors this rank's links will hold (`links`, each kind's estimate: transport::
-// open_files), and some of its own (store, epoll, listeners): beside those already open (the
-// application's, another communicator's). A short soft limit is raised towards the hard one (as
-// ringrun does for itself; the default soft limit, 1,024, holds about 250 same-host peers); where
-// even the hard one is short the rank fails now, naming both, instead of meeting EMFILE halfway
-// through its links.
+// The descriptors this rank's links will hold (`links`, each kind's estimate:
+// transport::Routes::open_files), and some of its own (store, epoll, listeners): beside those
+// already open (the application's, another communicator's). A short soft limit is raised towards
+// the hard one (as ringrun does for itself; the default soft limit, 1,024, holds about 250
+// same-host peers); where even the hard one is short the rank fails now, naming both, instead of
+// meeting EMFILE halfway through its links.
 void ensure_open_files(size_t links, const std::string& per_kind) {
   links += 32;
   const size_t open = open_descriptors();
@@ -89,12 +89,12 @@ void CommImpl::build(const Membership& members, const StartSettings& st, int loc
   // Every rank routes each pair alike (the transport table over the same host identities):
   // shared memory between the ranks of a host, TCP between hosts.
   // The kinds take no store: what they need is in the membership.
-  const transport::JoinedLinks joined{published, members.listeners};
+  transport::Routes routes = transport::route(args, published, members.listeners);
   {
     std::string per_kind;
-    ensure_open_files(transport::open_files(args, joined, &per_kind), per_kind);
+    ensure_open_files(routes.open_files(args, &per_kind), per_kind);
   }
-  transport_ = transport::connect(args, joined, st.deadline);
+  transport_ = transport::connect(args, routes, st.deadline);
   const auto t_linked = core::Clock::now();
   const int64_t cpu_linked = thread_cpu_ms();
   transport_->set_describer([this](const transport::OpTag& t) { return describe(t); });

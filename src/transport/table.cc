@@ -6,39 +6,6 @@
 #include "transport/tcp/tcp_entry.h"
 
 namespace ringreduce::transport {
-namespace {
-
-// Each kind's share: this rank's listener and every rank's part of the record under its name.
-// A row whose listener is absent here may still link peers (TCP alone, with one rank).
-std::vector<KindShare> shares(const JoinedLinks& joined) {
-  const auto& table = kind_table();
-  std::vector<KindShare> out(table.size());
-  for (size_t k = 0; k < table.size(); ++k) {
-    if (joined.listeners) out[k].listener = joined.listeners->kinds[k].get();
-    const std::string prefix = std::string(table[k].name) + "=";
-    for (const std::string& p : joined.published)
-      out[k].published.push_back(published_part(p, prefix));
-  }
-  return out;
-}
-
-// The row each peer goes to (-1 for this rank).
-std::vector<int> route(const ConnectArgs& args, const std::vector<KindShare>& share) {
-  const auto& table = kind_table();
-  std::vector<int> row(static_cast<size_t>(args.size), -1);
-  for (int q = 0; q < args.size; ++q) {
-    if (q == args.rank) continue;
-    size_t k = 0;
-    while (k < table.size() && !table[k].can_link(args, share[k], q)) ++k;
-    if (k == table.size())
-      throw Error("rank " + std::to_string(args.rank) + ": no kind of link reaches rank " +
-                  std::to_string(q));
-    row[static_cast<size_t>(q)] = static_cast<int>(k);
-  }
-  return row;
-}
-
-}  // namespace
 
 const std::vector<KindEntry>& kind_table() {
   static const std::vector<KindEntry> kTable = {
@@ -87,9 +54,34 @@ void check_settings(const core::Config& config) {
   for (const KindEntry& k : kind_table()) k.check_settings(config);
 }
 
-size_t open_files(const ConnectArgs& args, const JoinedLinks& joined, std::string* per_kind) {
+Routes route(const ConnectArgs& args, const std::vector<std::string>& published,
+             Listeners* listeners) {
   const auto& table = kind_table();
-  const std::vector<int> row = route(args, shares(joined));
+  Routes r;
+  // Each kind's share: this rank's listener and every rank's part of the record under its name.
+  // A row whose listener is absent here may still link peers (TCP alone, with one rank).
+  r.shares.resize(table.size());
+  for (size_t k = 0; k < table.size(); ++k) {
+    if (listeners) r.shares[k].listener = listeners->kinds[k].get();
+    const std::string prefix = std::string(table[k].name) + "=";
+    for (const std::string& p : published)
+      r.shares[k].published.push_back(published_part(p, prefix));
+  }
+  r.row.assign(static_cast<size_t>(args.size), -1);
+  for (int q = 0; q < args.size; ++q) {
+    if (q == args.rank) continue;
+    size_t k = 0;
+    while (k < table.size() && !table[k].can_link(args, r.shares[k], q)) ++k;
+    if (k == table.size())
+      throw Error("rank " + std::to_string(args.rank) + ": no kind of link reaches rank " +
+                  std::to_string(q));
+    r.row[static_cast<size_t>(q)] = static_cast<int>(k);
+  }
+  return r;
+}
+
+size_t Routes::open_files(const ConnectArgs& args, std::string* per_kind) const {
+  const auto& table = kind_table();
   std::vector<size_t> peers(table.size(), 0);
   for (int k : row)
     if (k >= 0) ++peers[static_cast<size_t>(k)];
@@ -105,15 +97,13 @@ size_t open_files(const ConnectArgs& args, const JoinedLinks& joined, std::strin
   return files;
 }
 
-std::unique_ptr<Engine> connect(const ConnectArgs& args, const JoinedLinks& joined,
+std::unique_ptr<Engine> connect(const ConnectArgs& args, Routes& routes,
                                 const core::Deadline& deadline) {
   const auto& table = kind_table();
-  std::vector<KindShare> share = shares(joined);
-  const std::vector<int> row = route(args, share);
   std::vector<std::vector<int>> peers(table.size());
   for (int q = 0; q < args.size; ++q)
-    if (row[static_cast<size_t>(q)] >= 0)
-      peers[static_cast<size_t>(row[static_cast<size_t>(q)])].push_back(q);
+    if (const int k = routes.row[static_cast<size_t>(q)]; k >= 0)
+      peers[static_cast<size_t>(k)].push_back(q);
   std::vector<std::unique_ptr<LinkKind>> kinds;
   std::vector<int> route_to(static_cast<size_t>(args.size), -1);
   for (size_t k = 0; k < table.size(); ++k) {
@@ -121,7 +111,7 @@ std::unique_ptr<Engine> connect(const ConnectArgs& args, const JoinedLinks& join
     // should fail now, not when the job grows).
     if (peers[k].empty() && !(args.size == 1 && k + 1 == table.size())) continue;
     for (int q : peers[k]) route_to[static_cast<size_t>(q)] = static_cast<int>(kinds.size());
-    kinds.push_back(table[k].connect(args, share[k], peers[k], deadline));
+    kinds.push_back(table[k].connect(args, routes.shares[k], peers[k], deadline));
   }
   return std::make_unique<Engine>(args.engine, std::move(kinds), std::move(route_to));
 }

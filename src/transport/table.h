@@ -47,19 +47,22 @@ std::string agreed_settings(const core::Config& config);
 // Checks this rank's values of every kind's settings (throws InvalidArgument naming one).
 void check_settings(const core::Config& config);
 
-// What the table's connect needs beyond a kind's arguments: every rank's join record
-// (Listeners::published(), by rank) and this rank's listeners (null with one rank).
-struct JoinedLinks {
-  std::vector<std::string> published;
-  Listeners* listeners = nullptr;
+// Every peer routed to its kind (the first row that can link it), with each kind's share of the
+// join: made once, for the open-files check and then the connect.
+struct Routes {
+  std::vector<KindShare> shares;  // by row of the table
+  std::vector<int> row;           // by rank: the row that links it (-1: this rank)
+  // The descriptors the links will hold, and per kind used how many peers it links: "23 peers
+  // over shm, 8 over tcp" (the open-files check's message).
+  size_t open_files(const ConnectArgs& args, std::string* per_kind) const;
 };
+// published: every rank's join record (Listeners::published(), by rank); listeners: this rank's
+// (null with one rank).
+Routes route(const ConnectArgs& args, const std::vector<std::string>& published,
+             Listeners* listeners);
 
-// The descriptors the links will hold, and per kind used how many peers it links: "23 peers over
-// shm, 8 over tcp" (the open-files check's message).
-size_t open_files(const ConnectArgs& args, const JoinedLinks& joined, std::string* per_kind);
-
-// Routes every peer to its kind, connects each kind used, and returns the engine over them.
-std::unique_ptr<Engine> connect(const ConnectArgs& args, const JoinedLinks& joined,
+// Connects each kind used to its peers, and returns the engine over them.
+std::unique_ptr<Engine> connect(const ConnectArgs& args, Routes& routes,
                                 const core::Deadline& deadline);
 
 }  // namespace ringreduce::transport
