@@ -355,6 +355,14 @@ std::exception_ptr CommImpl::execute(OpState& op) {
         args.op = ReduceOp::sum;
         run_args = &premul_args;
       }
+      // A call on device links (comm/device.cc, runs_on_device) takes its peers' device links;
+      // every other op, and whatever follows, the host's.
+      struct HostAfter {
+        transport::Engine& engine;
+        ~HostAfter() { engine.set_memory(transport::MemorySpace::host); }
+      } host_after{*transport_};
+      transport_->set_memory(op.stage && op.stage->direct() ? transport::MemorySpace::device
+                                                            : transport::MemorySpace::host);
       transport_->begin_op(op.tag, op.plan.stream_output);
       algorithms::Context ctx{*transport_,
                               rank_,

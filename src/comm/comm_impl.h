@@ -31,6 +31,9 @@
 #include "transport/link.h"
 #include "tuner/tuner.h"
 
+namespace ringreduce::reduce {
+class DeviceRuntime;
+}
 namespace ringreduce::transport {
 struct Listeners;
 }  // namespace ringreduce::transport
@@ -301,6 +304,9 @@ class CommImpl {
   // A call on device memory (device.h): stages op's device buffers through host memory on its
   // stream. For a collective, under mu_ once it has its number; a failure gives the number back.
   void stage_device(OpState& op, const CallOptions& call);
+  // Whether op runs on its device buffers over device links rather than staged (device.cc).
+  bool runs_on_device(const OpState& op, const CallOptions& call,
+                      reduce::DeviceRuntime& runtime) const;
   // shrink()'s steps (shrink.cc): the checks of its arguments every rank makes alone, and one
   // attempt (agreement, links, commit), which returns null when a survivor died meanwhile.
   std::string shrink_refusal(std::span<const int> exclude, ShrinkFlags flags,

@@ -9,63 +9,10 @@
 #include "algorithms/collectives.h"
 #include "comm/comm_impl.h"
 #include "reduce/cuda/reduce_cuda.h"
-#include "reduce/cuda/runtime.h"
 #include "ringreduce/error.h"
 
 namespace ringreduce::detail {
 namespace {
-
-// CUDA's runtime (reduce/cuda/runtime.h). In a build without CUDA in_use() is false, so nothing
-// else is ever called.
-class CudaRuntime final : public DeviceRuntime {
-  struct Pinned final : HostMemory {
-    explicit Pinned(size_t bytes) : buffer(bytes) {}
-    char* data() override { return buffer.data(); }
-    reduce::cuda::PinnedBuffer buffer;
-  };
-  struct CudaEvent final : Event {
-    void record(void* stream) override { event.record(stream); }
-    bool done() override { return event.done(); }
-    reduce::cuda::Event event;
-  };
-  struct Shared final : SharedMemory {
-    explicit Shared(std::unique_ptr<reduce::cuda::SharedDeviceBuffer> b) : buffer(std::move(b)) {}
-    char* data() override { return buffer->data(); }
-    size_t size() const override { return buffer->size(); }
-    core::Fd export_fd() override { return core::Fd(buffer->export_fd()); }
-    std::unique_ptr<reduce::cuda::SharedDeviceBuffer> buffer;
-  };
-
- public:
-  bool in_use() override { return reduce::cuda::in_use(); }
-  bool is_device(const void* p) override { return reduce::cuda::is_device_pointer(p); }
-  std::unique_ptr<HostMemory> host_memory(size_t bytes) override {
-    return std::make_unique<Pinned>(bytes);
-  }
-  std::unique_ptr<Event> event() override { return std::make_unique<CudaEvent>(); }
-  void copy(void* dst, const void* src, size_t bytes, void* stream) override {
-    reduce::cuda::copy_async(dst, src, bytes, stream);
-  }
-  void wait_value(void* stream, const uint32_t* flag, uint32_t value) override {
-    reduce::cuda::wait_value(stream, flag, value);
-  }
-  void* create_stream() override { return reduce::cuda::create_stream(); }
-  void destroy_stream(void* stream) override { reduce::cuda::destroy_stream(stream); }
-  void stream_wait(void* stream, Event& event) override {
-    static_cast<CudaEvent&>(event).event.wait_on(stream);
-  }
-  std::unique_ptr<SharedMemory> shared_memory(size_t bytes) override {
-    return std::make_unique<Shared>(reduce::cuda::SharedDeviceBuffer::create(bytes));
-  }
-  std::unique_ptr<SharedMemory> import_memory(int fd, size_t bytes) override {
-    return std::make_unique<Shared>(reduce::cuda::SharedDeviceBuffer::import(fd, bytes));
-  }
-};
-
-// A test's runtime, else null (CUDA's). Read on every call's path: an atomic, not a lock.
-std::atomic<DeviceRuntime*> g_override{nullptr};
-std::mutex g_override_mu;
-std::shared_ptr<DeviceRuntime> g_override_owner;  // keeps g_override alive (g_override_mu)
 
 // Staging regions start on their own cache lines (and keep a vector load's alignment).
 constexpr size_t kAlign = 64;
@@ -74,18 +21,6 @@ size_t align_up(size_t n) {
 }
 
 }  // namespace
-
-DeviceRuntime& device_runtime() {
-  static CudaRuntime cuda;
-  DeviceRuntime* o = g_override.load(std::memory_order_acquire);
-  return o ? *o : static_cast<DeviceRuntime&>(cuda);
-}
-
-void set_device_runtime(std::shared_ptr<DeviceRuntime> runtime) {
-  std::lock_guard<std::mutex> lk(g_override_mu);
-  g_override.store(runtime.get(), std::memory_order_release);
-  g_override_owner = std::move(runtime);
-}
 
 // ---- StagingPool -----------------------------------------------------------------------------
 
@@ -149,6 +84,39 @@ size_t StagingPool::slots() const {
 
 // ---- DeviceStage -----------------------------------------------------------------------------
 
+namespace {
+
+// The stream a call is ordered on: the caller's, or with CallOptions::side_stream the
+// communicator's, which takes the call after what the caller's stream has so far (the caller's
+// goes on at once; it waits only if it asks: Work::wait_output).
+void* order_stream(const CallOptions& call, DeviceRuntime& runtime, StagingPool& pool) {
+  if (!call.side_stream) return call.stream;
+  auto begin = runtime.event();
+  begin->record(call.stream);
+  void* side = pool.side_stream();
+  runtime.stream_wait(side, *begin);
+  return side;
+}
+
+}  // namespace
+
+DeviceStage::DeviceStage(const CallOptions& call, DeviceRuntime& runtime, StagingPool& pool)
+    : runtime_(runtime), pool_(pool), stream_(order_stream(call, runtime, pool)), direct_(true) {
+  // A slot of the pool for its flag only (the pool's smallest).
+  slot_ = pool.acquire(0);
+  inputs_.push_back(runtime.event());
+  output_ = runtime.event();
+  try {
+    inputs_.back()->record(stream_);
+    runtime.wait_value(stream_, slot_->flag(), slot_->generation);
+    slot_->done->record(stream_);
+    output_->record(stream_);
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
 bool DeviceStage::wanted(const algorithms::Args& args, const CallOptions& call) {
   switch (call.memory) {
     case Memory::host:
@@ -167,15 +135,7 @@ bool DeviceStage::wanted(const algorithms::Args& args, const CallOptions& call) 
 DeviceStage::DeviceStage(algorithms::Args& args, size_t send_bytes, size_t recv_bytes,
                          const CallOptions& call, DeviceRuntime& runtime, StagingPool& pool,
                          size_t piece_elems)
-    : runtime_(runtime), pool_(pool), stream_(call.stream) {
-  if (call.side_stream) {
-    // The communicator's stream takes the call after what the caller's stream has so far; the
-    // caller's stream goes on at once (it waits only if it asks: Work::wait_output).
-    auto begin = runtime.event();
-    begin->record(call.stream);
-    stream_ = pool.side_stream();
-    runtime.stream_wait(stream_, *begin);
-  }
+    : runtime_(runtime), pool_(pool), stream_(order_stream(call, runtime, pool)) {
   auto on_device = [&](const void* p, size_t bytes) {
     if (!p || bytes == 0) return false;
     return call.memory == Memory::device || runtime.is_device(p);
@@ -327,6 +287,19 @@ void DeviceStage::release() {
 
 // ---- the communicator's side ------------------------------------------------------------
 
+bool CommImpl::runs_on_device(const OpState& op, const CallOptions& call,
+                              DeviceRuntime& runtime) const {
+  const algorithms::Args& a = op.args;
+  if (op.is_p2p || a.kind != algorithms::Collective::allreduce || a.op == ReduceOp::premul_sum ||
+      a.wire != Wire::none || a.count == 0 || !transport_->takes(transport::MemorySpace::device))
+    return false;
+  // Both buffers on the device (an allreduce's are the same size).
+  auto on_device = [&](const void* p) {
+    return call.memory == Memory::device || runtime.is_device(p);
+  };
+  return on_device(a.send) && on_device(a.recv);
+}
+
 void CommImpl::stage_device(OpState& op, const CallOptions& call) {
   DeviceRuntime& runtime = device_runtime();
   if (!runtime.in_use()) {
@@ -338,6 +311,26 @@ void CommImpl::stage_device(OpState& op, const CallOptions& call) {
   }
   if (!staging_) staging_ = std::make_unique<StagingPool>(runtime);
   algorithms::Args& a = op.args;
+  if (runs_on_device(op, call, runtime)) {
+    // Every peer has a device link (transport/device/): the ring runs on the buffers themselves,
+    // its link doing the copies and the reductions on the device; nothing is staged.
+    const transport::KindTraits& t = transport_->device_traits();
+    op.plan = tuner::Plan{};
+    op.plan.algorithm = algorithms::find_algorithm(algorithms::Collective::allreduce, "ring");
+    // Slice by slice, slices of one slot: each forward then waits only for the slice before it,
+    // and a few slots per inbox carry any size. (Step by step, a rank's whole first step would
+    // have to fit its neighbour's inbox before either could forward.)
+    op.plan.segment_bytes = t.segment_bytes;
+    op.plan.sliced = true;
+    op.tag.algo = op.plan.algorithm->id;
+    op.tag.segment_bytes = op.plan.segment_bytes;
+    op.tag.channels = 1;
+    // A rank that staged the same call would wait on other links: the flag tells the tags apart
+    // (the stall monitor then names the mismatch).
+    op.tag.flags = transport::kTagSliced | transport::kTagDevice;
+    op.stage = std::make_shared<DeviceStage>(call, runtime, *staging_);
+    return;
+  }
   const size_t elem = dtype_size(a.dtype);
   size_t send_bytes = 0, recv_bytes = 0;
   if (op.is_p2p) {

@@ -25,63 +25,15 @@
 #include "algorithms/algorithm.h"
 #include "core/deadline.h"
 #include "core/fd.h"
+#include "reduce/device_runtime.h"
 #include "ringreduce/communicator.h"
 
 namespace ringreduce::detail {
 
-// What staging needs from a device runtime. CUDA's in production (reduce/cuda/runtime.h); the
-// tests install an emulation whose streams are worker threads, so that the staging's order of
-// work is checked on machines without a GPU.
-class DeviceRuntime {
- public:
-  struct HostMemory {
-    virtual ~HostMemory() = default;
-    virtual char* data() = 0;  // page-locked and reachable from the device
-  };
-  struct Event {
-    virtual ~Event() = default;
-    virtual void record(void* stream) = 0;
-    virtual bool done() = 0;  // throws if the stream's work failed
-  };
-
-  virtual ~DeviceRuntime() = default;
-  // Whether a runtime is in use in this process at all: false means no pointer is device memory
-  // and is_device() need not be asked (CallOptions::memory automatic costs nothing then).
-  virtual bool in_use() = 0;
-  virtual bool is_device(const void* p) = 0;
-  virtual std::unique_ptr<HostMemory> host_memory(size_t bytes) = 0;
-  virtual std::unique_ptr<Event> event() = 0;
-  // Enqueued on the stream, in any direction.
-  virtual void copy(void* dst, const void* src, size_t bytes, void* stream) = 0;
-  // Enqueues a wait until *flag has reached value, cyclically ((int32_t)(*flag - value) >= 0, as
-  // CUDA's CU_STREAM_WAIT_VALUE_GEQ; flag in host_memory()), so that a host that has released
-  // several waits at once by one store lets the stream through every one of them.
-  virtual void wait_value(void* stream, const uint32_t* flag, uint32_t value) = 0;
-  // A stream of the library's own (non-blocking, on the current device), and its end.
-  virtual void* create_stream() = 0;
-  virtual void destroy_stream(void* stream) = 0;
-  // Enqueues on `stream` a wait for the point `event` was last recorded at.
-  virtual void stream_wait(void* stream, Event& event) = 0;
-
-  // Device memory another process of this host maps in place: what a device-to-device link
-  // between processes is made of (issue 44; CUDA: SharedDeviceBuffer, reduce/cuda/runtime.h).
-  struct SharedMemory {
-    virtual ~SharedMemory() = default;
-    virtual char* data() = 0;         // device memory
-    virtual size_t size() const = 0;  // rounded up to what the device allocates in
-    // A descriptor for the other process (sent over a Unix socket, SCM_RIGHTS).
-    virtual core::Fd export_fd() = 0;
-  };
-  virtual std::unique_ptr<SharedMemory> shared_memory(size_t bytes) = 0;
-  // Maps what another process exported (`fd` is not taken), of the size its size() said.
-  virtual std::unique_ptr<SharedMemory> import_memory(int fd, size_t bytes) = 0;
-};
-
-// The process's runtime: the one a test installed, else CUDA's (which, in a build without CUDA,
-// is never in use).
-DeviceRuntime& device_runtime();
-// For tests: replaces the runtime (null: back to CUDA's). Not while communicators have ops on it.
-void set_device_runtime(std::shared_ptr<DeviceRuntime> runtime);
+// The device runtime (reduce/device_runtime.h) under the names staging has always used.
+using reduce::device_runtime;
+using reduce::DeviceRuntime;
+using reduce::set_device_runtime;
 
 // Page-locked staging memory, kept per communicator and reused: a buffer is taken by an op and
 // can be taken again once the stream has passed the op's last copy out of it, so that only the
@@ -136,11 +88,16 @@ class DeviceStage {
   // in and p-1 out, and a call costs its op plus one piece's copies, not two whole copies more.
   DeviceStage(algorithms::Args& args, size_t send_bytes, size_t recv_bytes, const CallOptions& call,
               DeviceRuntime& runtime, StagingPool& pool, size_t piece_elems = 0);
+  // A call whose links take device memory (transport/device/): nothing is staged; the stream
+  // only orders the op: an input event where the call was issued, then a wait for release().
+  DeviceStage(const CallOptions& call, DeviceRuntime& runtime, StagingPool& pool);
   // Releases the stream if release() was not called (an op dropped on the way).
   ~DeviceStage();
   DeviceStage(const DeviceStage&) = delete;
   DeviceStage& operator=(const DeviceStage&) = delete;
 
+  // Whether the op runs on the device buffers themselves (the constructor above).
+  bool direct() const { return direct_; }
   // How many pieces the call is staged in (1: whole).
   size_t pieces() const { return inputs_.size(); }
   // Runs `run` on each piece of args in turn (the call's elements [p x piece, ...)), each after
@@ -171,6 +128,7 @@ class DeviceStage {
   uint32_t first_release_ = 0;
   void* stream_ = nullptr;
   bool released_ = false;
+  bool direct_ = false;
 };
 
 }  // namespace ringreduce::detail

@@ -67,6 +67,11 @@ const std::vector<SettingInfo>& all_settings() {
        "how a host's ranks exchange their shared memory: first (through the host's first "
        "rank; N - 1 connections) or mesh (every pair; used anyway where ranks are in different "
        "pid namespaces)"},
+      {"RINGREDUCE_DEVICE_LINKS", "auto",
+       "device-to-device links between a host's ranks for calls on GPU buffers: auto (when the "
+       "process uses CUDA as the communicator is made), 1 (insist), 0 (stage through host memory)"},
+      {"RINGREDUCE_DEVICE_SLOT_BYTES", "8M",
+       "bytes of each of the 4 slots of a device link's inbox (per ring neighbour, in GPU memory)"},
       {"RINGREDUCE_HOST_ID", "",
        "names this rank's host for the topology (default: hostname, boot id and network "
        "namespace); ranks with different ids use TCP between them, e.g. to emulate hosts"},

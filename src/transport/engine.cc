@@ -12,7 +12,7 @@
 namespace ringreduce::transport {
 
 Engine::Engine(const EngineOptions& options, std::vector<std::unique_ptr<LinkKind>> kinds,
-               std::vector<int> route)
+               std::vector<int> route, std::vector<int> device_route)
     : opts_(options), kinds_(std::move(kinds)) {
   if (kinds_.empty()) throw Error("transport: no kind of link");
   epoll_.reset(epoll_create1(EPOLL_CLOEXEC));
@@ -35,6 +35,16 @@ Engine::Engine(const EngineOptions& options, std::vector<std::unique_ptr<LinkKin
   route_.assign(static_cast<size_t>(opts_.size), nullptr);
   for (size_t r = 0; r < route.size() && r < route_.size(); ++r)
     if (route[r] >= 0) route_[r] = kinds_.at(static_cast<size_t>(route[r])).get();
+  device_route_.assign(static_cast<size_t>(opts_.size), nullptr);
+  for (size_t r = 0; r < device_route.size() && r < device_route_.size(); ++r)
+    if (device_route[r] >= 0)
+      device_route_[r] = kinds_.at(static_cast<size_t>(device_route[r])).get();
+  // The kinds serving host memory: every kind but one that links peers only for device memory
+  // (with one rank, the one kind stands in).
+  for (auto& k : kinds_)
+    if (std::find(route_.begin(), route_.end(), k.get()) != route_.end() ||
+        std::find(device_route_.begin(), device_route_.end(), k.get()) == device_route_.end())
+      host_kinds_.push_back(k.get());
   std::vector<int> open;
   for (int q = 0; q < opts_.size; ++q)
     if (route_[static_cast<size_t>(q)] && !route_[static_cast<size_t>(q)]->lanes_on_demand())
@@ -49,11 +59,28 @@ Engine::Engine(const EngineOptions& options, std::vector<std::unique_ptr<LinkKin
 
 Engine::~Engine() = default;
 
+bool Engine::takes(MemorySpace space) const {
+  if (space != MemorySpace::device)
+    return std::all_of(host_kinds_.begin(), host_kinds_.end(),
+                       [space](const LinkKind* k) { return k->traits().takes(space); });
+  for (int q = 0; q < opts_.size; ++q)
+    if (q != opts_.rank && !device_route_[static_cast<size_t>(q)]) return false;
+  return opts_.size > 1;
+}
+
+const KindTraits& Engine::device_traits() const {
+  for (const LinkKind* k : device_route_)
+    if (k) return k->traits();
+  throw Error("rank " + std::to_string(opts_.rank) + ": no device links");
+}
+
 Link& Engine::link(int peer, int channel) {
-  LinkKind* k = peer >= 0 && peer < opts_.size ? route_[static_cast<size_t>(peer)] : nullptr;
+  LinkKind* k = nullptr;
+  if (peer >= 0 && peer < opts_.size)
+    k = (device_op_ ? device_route_ : route_)[static_cast<size_t>(peer)];
   if (!k)
-    throw Error("no link from rank " + std::to_string(opts_.rank) + " to rank " +
-                std::to_string(peer));
+    throw Error("no " + std::string(device_op_ ? "device " : "") + "link from rank " +
+                std::to_string(opts_.rank) + " to rank " + std::to_string(peer));
   return k->link(peer, channel);
 }
 

@@ -41,9 +41,10 @@ struct EngineOptions {
 class Engine final : public Transport, public Driver {
  public:
   // kinds in table order (fastest first); route[r]: the index in kinds of the kind linking rank r
-  // (-1 for this rank). At least one kind.
+  // (-1 for this rank); device_route[r]: of the kind linking it for device memory (-1: none, or
+  // empty). At least one kind.
   Engine(const EngineOptions& options, std::vector<std::unique_ptr<LinkKind>> kinds,
-         std::vector<int> route);
+         std::vector<int> route, std::vector<int> device_route = {});
   ~Engine() override;
 
   int rank() const override { return opts_.rank; }
@@ -65,15 +66,17 @@ class Engine final : public Transport, public Driver {
              const core::Deadline& deadline) override;
   bool poll_all(bool stage) override;
 
-  // What the communicator's links offer: its slowest kind's traits (the last of the table's
-  // kinds it uses: every ring crosses it).
-  const KindTraits& traits() const { return kinds_.back()->traits(); }
-  // Whether every kind in use reads and writes buffers in `space` in place: a call on device
-  // buffers is staged through host memory unless its links all take them (comm/device.h).
-  bool takes(MemorySpace space) const {
-    return std::all_of(kinds_.begin(), kinds_.end(),
-                       [space](const auto& k) { return k->traits().takes(space); });
-  }
+  // What the communicator's links offer: its slowest host kind's traits (the last of the table's
+  // kinds it uses for host memory: every ring crosses it).
+  const KindTraits& traits() const { return host_kinds_.back()->traits(); }
+  // Whether every peer has a link that reads and writes buffers in `space` in place: a call on
+  // device buffers is staged through host memory unless they all have (comm/device.h).
+  bool takes(MemorySpace space) const;
+  // The memory the current op's buffers are in (until the next call): link() then gives each
+  // peer's link for it. Device memory only where takes(device).
+  void set_memory(MemorySpace space) { device_op_ = space == MemorySpace::device; }
+  // The traits of the kind linking peers for device memory (takes(device) only).
+  const KindTraits& device_traits() const;
   // The kinds in use, for logs: "shm", "tcp", "shm+tcp".
   std::string kinds_text() const;
   // Point-to-point messages over every peer's lane; moved in every pass of every wait.
@@ -99,7 +102,10 @@ class Engine final : public Transport, public Driver {
 
   EngineOptions opts_;
   std::vector<std::unique_ptr<LinkKind>> kinds_;
-  std::vector<LinkKind*> route_;  // by rank
+  std::vector<LinkKind*> route_;         // by rank
+  std::vector<LinkKind*> device_route_;  // by rank: for device memory (null: none)
+  std::vector<LinkKind*> host_kinds_;    // the kinds route_ uses, in table order
+  bool device_op_ = false;               // set_memory
   Window* window_ = nullptr;
   core::Fd epoll_;
   core::Fd wake_;  // eventfd: interrupt() wakes a sleeping wait through it

@@ -72,6 +72,10 @@ struct KindEntry {
   std::unique_ptr<LinkKind> (*connect)(const ConnectArgs& args, KindShare& share,
                                        const std::vector<int>& peers,
                                        const core::Deadline& deadline);
+  // The memory its links serve (MemorySpace mask). A peer is routed once per space: for host
+  // memory to the first row serving host memory that links it, for device memory to the first
+  // serving device memory (a peer may so have a shared-memory link and a device link).
+  uint8_t memory;
 };
 
 }  // namespace ringreduce::transport

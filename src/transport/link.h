@@ -59,6 +59,7 @@ struct OpTag {
 };
 static_assert(sizeof(OpTag) == 48, "OpTag is part of the wire format");
 inline constexpr uint16_t kTagSliced = 1;
+inline constexpr uint16_t kTagDevice = 2;  // run over device links, on device buffers
 
 // The tag of every message on a point-to-point lane (p2p.h): lanes match their messages by their
 // own headers, never by the collectives' sequence.

@@ -1,7 +1,9 @@
 // The transport table, in the manner of NCCL's: the kinds of link in order of preference, each a
 // row of its own (kind_row.h) declared in its folder. Every peer goes to the first kind that can
-// link it (shared memory for a peer on this host, unless RINGREDUCE_SHM=0; TCP for any peer);
-// each kind then connects to the peers it was given, and one Engine drives them all. Every rank
+// link it (shared memory for a peer on this host, unless RINGREDUCE_SHM=0; TCP for any peer), and
+// for device memory also to the first kind serving it (device links between the ranks of a host
+// that use a GPU: device/); each kind then connects to the peers it was given, and one Engine
+// drives them all. Every rank
 // applies the same table to the same host identities, so both ends of a pair pick the same kind.
 #pragma once
 
@@ -52,6 +54,7 @@ void check_settings(const core::Config& config);
 struct Routes {
   std::vector<KindShare> shares;  // by row of the table
   std::vector<int> row;           // by rank: the row that links it (-1: this rank)
+  std::vector<int> device_row;    // by rank: the row linking it for device memory (-1: none)
   // The descriptors the links will hold, and per kind used how many peers it links: "23 peers
   // over shm, 8 over tcp" (the open-files check's message).
   size_t open_files(const ConnectArgs& args, std::string* per_kind) const;

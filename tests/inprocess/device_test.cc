@@ -1,4 +1,5 @@
-// Collectives and sends on device memory, through the staging path of comm/device.h, on an
+// Collectives and sends on device memory, through the staging path of comm/device.h (allreduce
+// between this process's ranks also over device links, RINGREDUCE_DEVICE_LINKS=auto), on an
 // emulated device: "device memory" is address space the host cannot touch (PROT_NONE; a host
 // access to it crashes the test), backed by host memory only the emulated streams' copies reach,
 // and a stream is a worker thread running its tasks in order. So these tests check, on machines
@@ -46,28 +47,38 @@ void sum_on_stream(Communicator& comm, const float* send, float* recv, size_t co
   }
 }
 
-// allreduce in and out of place, blocking and async, detected and stated: every element right.
+// Staging only: the emulated device is in use, so RINGREDUCE_DEVICE_LINKS=auto would otherwise
+// run allreduce between this process's ranks over device links (device_links_test.cc).
+const std::map<std::string, std::string> kStaged = {{"RINGREDUCE_DEVICE_LINKS", "0"}};
+
+// allreduce in and out of place, blocking and async, detected and stated: every element right,
+// staged and over device links.
 TEST_F(Device, AllreduceEveryPlacementAndForm) {
-  for (int n : {1, 2, 3})
-    run_ranks(n, [&](Communicator& comm) {
-      Stream stream;
-      const int me = comm.rank();
-      for (size_t count : {size_t{1}, size_t{1000}, size_t{300001}})
-        for (int form = 0; form < 4; ++form) {
-          const bool in_place = form & 1, async = form & 2;
-          float* send = dev_->alloc_of<float>(count);
-          float* recv = in_place ? send : dev_->alloc_of<float>(count);
-          for (size_t i = 0; i < count; ++i) dev_->view(send)[i] = float(me + 1) * float(i % 97);
-          CallOptions call;
-          call.stream = &stream;
-          call.memory = form == 3 ? Memory::device : Memory::automatic;
-          sum_on_stream(comm, send, recv, count, call, async);
-          const float ranks = float(n * (n + 1) / 2);
-          for (size_t i = 0; i < count; ++i)
-            ASSERT_EQ(dev_->view(recv)[i], ranks * float(i % 97))
-                << "n=" << n << " count " << count << " form " << form << " element " << i;
-        }
-    });
+  for (const char* links : {"0", "auto"})
+    for (int n : {1, 2, 3})
+      run_ranks(n,
+                [&](Communicator& comm) {
+                  Stream stream;
+                  const int me = comm.rank();
+                  for (size_t count : {size_t{1}, size_t{1000}, size_t{300001}})
+                    for (int form = 0; form < 4; ++form) {
+                      const bool in_place = form & 1, async = form & 2;
+                      float* send = dev_->alloc_of<float>(count);
+                      float* recv = in_place ? send : dev_->alloc_of<float>(count);
+                      for (size_t i = 0; i < count; ++i)
+                        dev_->view(send)[i] = float(me + 1) * float(i % 97);
+                      CallOptions call;
+                      call.stream = &stream;
+                      call.memory = form == 3 ? Memory::device : Memory::automatic;
+                      sum_on_stream(comm, send, recv, count, call, async);
+                      const float ranks = float(n * (n + 1) / 2);
+                      for (size_t i = 0; i < count; ++i)
+                        ASSERT_EQ(dev_->view(recv)[i], ranks * float(i % 97))
+                            << "n=" << n << " count " << count << " form " << form << " element "
+                            << i;
+                    }
+                },
+                {{"RINGREDUCE_DEVICE_LINKS", links}});
 }
 
 // A large allreduce is staged in pieces (at least 4 MiB each, at most 8: one wait on the stream
@@ -75,37 +86,41 @@ TEST_F(Device, AllreduceEveryPlacementAndForm) {
 // every element right in and out of place, blocking and async, with a count that is not a whole
 // number of pieces. Smaller calls stay whole (one wait).
 TEST_F(Device, LargeAllreduceIsStagedInPieces) {
-  run_ranks(2, [&](Communicator& comm) {
-    Stream stream;
-    const int me = comm.rank();
-    for (size_t count : {size_t{2} << 20, (size_t{5} << 20) + 3}) {
-      // Filled and checked a whole buffer at a time (element loops cost most of the test under
-      // TSan); the larger count in two of the four forms.
-      std::vector<float> input(count), want(count);
-      for (size_t i = 0; i < count; ++i) {
-        input[i] = float(me + 1) * float(i % 89);
-        want[i] = 3.0f * float(i % 89);
-      }
-      for (int form :
-           count == (size_t{2} << 20) ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0, 3}) {
-        const bool in_place = form & 1, async = form & 2;
-        float* send = dev_->alloc_of<float>(count);
-        float* recv = in_place ? send : dev_->alloc_of<float>(count);
-        std::memcpy(dev_->view(send), input.data(), count * sizeof(float));
-        CallOptions call;
-        call.stream = &stream;
-        // Between the barriers both ranks (one emulated device) issue this call and no other.
-        const size_t waits = dev_->value_waits();
-        comm.barrier();
-        sum_on_stream(comm, send, recv, count, call, async);
-        comm.barrier();
-        // 8 MiB: 2 pieces of 4 MiB; 20 MiB + 12 B: 5 pieces (the last 308 B short of the others).
-        EXPECT_EQ(dev_->value_waits() - waits, 2 * (count == (size_t{2} << 20) ? 2u : 5u));
-        EXPECT_EQ(std::memcmp(dev_->view(recv), want.data(), count * sizeof(float)), 0)
-            << "count " << count << " form " << form;
-      }
-    }
-  });
+  run_ranks(
+      2,
+      [&](Communicator& comm) {
+        Stream stream;
+        const int me = comm.rank();
+        for (size_t count : {size_t{2} << 20, (size_t{5} << 20) + 3}) {
+          // Filled and checked a whole buffer at a time (element loops cost most of the test under
+          // TSan); the larger count in two of the four forms.
+          std::vector<float> input(count), want(count);
+          for (size_t i = 0; i < count; ++i) {
+            input[i] = float(me + 1) * float(i % 89);
+            want[i] = 3.0f * float(i % 89);
+          }
+          for (int form :
+               count == (size_t{2} << 20) ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0, 3}) {
+            const bool in_place = form & 1, async = form & 2;
+            float* send = dev_->alloc_of<float>(count);
+            float* recv = in_place ? send : dev_->alloc_of<float>(count);
+            std::memcpy(dev_->view(send), input.data(), count * sizeof(float));
+            CallOptions call;
+            call.stream = &stream;
+            // Between the barriers both ranks (one emulated device) issue this call and no other.
+            const size_t waits = dev_->value_waits();
+            comm.barrier();
+            sum_on_stream(comm, send, recv, count, call, async);
+            comm.barrier();
+            // 8 MiB: 2 pieces of 4 MiB; 20 MiB + 12 B: 5 pieces (the last 308 B short of the
+            // others).
+            EXPECT_EQ(dev_->value_waits() - waits, 2 * (count == (size_t{2} << 20) ? 2u : 5u));
+            EXPECT_EQ(std::memcmp(dev_->view(recv), want.data(), count * sizeof(float)), 0)
+                << "count " << count << " form " << form;
+          }
+        }
+      },
+      kStaged);
 }
 
 // The call returns while its stream is still busy with earlier work; the op runs once the

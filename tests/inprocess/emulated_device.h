@@ -23,6 +23,7 @@
 
 #include "comm/device.h"
 #include "core/fd.h"
+#include "reduce/reduce.h"
 #include "ringreduce/error.h"
 
 namespace rrtest {
@@ -221,6 +222,35 @@ class EmulatedDevice final : public DeviceRuntime {
                               " bytes that is not the exported size");
     return std::make_unique<Shared>(*this, core::Fd(dup(fd)), bytes);
   }
+  // The kernels: the host's own, on the stream's thread, through the device ranges' backing.
+  void combine(void* dst, const void* a, const void* b, size_t count, ringreduce::DataType type,
+               ringreduce::ReduceOp op, void* s) override {
+    combine2(dst, nullptr, a, b, count, type, op, s);
+  }
+  void combine2(void* dst0, void* dst1, const void* a, const void* b, size_t count,
+                ringreduce::DataType type, ringreduce::ReduceOp op, void* s) override {
+    if (count == 0) return;
+    ++kernels_;
+    char* d0 = translate(static_cast<char*>(dst0));
+    char* d1 = dst1 ? translate(static_cast<char*>(dst1)) : nullptr;
+    const char* x = translate(const_cast<char*>(static_cast<const char*>(a)));
+    const char* y = translate(const_cast<char*>(static_cast<const char*>(b)));
+    const size_t bytes = count * ringreduce::dtype_size(type);
+    stream(s).enqueue([=] {
+      ringreduce::reduce::combine(d0, x, y, count, type, op);
+      if (d1) std::memcpy(d1, d0, bytes);
+    });
+  }
+  void divide(void* dst, const void* src, size_t count, ringreduce::DataType type, uint64_t divisor,
+              void* s) override {
+    if (count == 0) return;
+    char* d = translate(static_cast<char*>(dst));
+    const char* from = translate(const_cast<char*>(static_cast<const char*>(src)));
+    stream(s).enqueue([=] { ringreduce::reduce::divide(d, from, count, type, divisor); });
+  }
+  // Kernels enqueued so far (combine, combine2): what a device link runs instead of staging.
+  size_t kernels() const { return kernels_.load(); }
+
   void wait_value(void* s, const uint32_t* flag, uint32_t value) override {
     ++value_waits_;
     stream(s).enqueue([flag, value] {
@@ -256,6 +286,7 @@ class EmulatedDevice final : public DeviceRuntime {
   size_t next_ = 0;
   std::atomic<size_t> host_allocations_{0};
   std::atomic<size_t> value_waits_{0};
+  std::atomic<size_t> kernels_{0};
   Stream default_;
 };
 

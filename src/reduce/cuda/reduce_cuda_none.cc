@@ -93,6 +93,12 @@ bool Event::done() {
 void Event::wait_on(void*) {
   refuse("Event::wait_on");
 }
+int current_device() {
+  refuse("current_device");
+}
+void set_current_device(int) {
+  refuse("set_current_device");
+}
 void* create_stream() {
   refuse("create_stream");
 }

@@ -159,6 +159,16 @@ void Event::wait_on(void* stream) {
         "cudaStreamWaitEvent");
 }
 
+int current_device() {
+  int d = 0;
+  check(cudaGetDevice(&d), "cudaGetDevice");
+  return d;
+}
+
+void set_current_device(int device) {
+  check(cudaSetDevice(device), "cudaSetDevice");
+}
+
 void* create_stream() {
   cudaStream_t s = nullptr;
   check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");

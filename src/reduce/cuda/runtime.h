@@ -55,6 +55,11 @@ class Event {
   void* event_ = nullptr;
 };
 
+// The calling thread's current device, and making one current (cudaGetDevice, cudaSetDevice): a
+// thread that enqueues on a stream of another device (the progress thread) makes it current first.
+int current_device();
+void set_current_device(int device);
+
 // A non-blocking stream on the current device (it does not wait for the legacy default stream).
 void* create_stream();
 void destroy_stream(void* stream);

@@ -77,12 +77,6 @@ void check(CUresult r, const char* what) {
                      : ""));
 }
 
-int current_device() {
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) throw Error("cuda: cudaGetDevice failed");
-  return dev;
-}
-
 CUmemAllocationProp props(int dev) {
   CUmemAllocationProp p{};
   p.type = CU_MEM_ALLOCATION_TYPE_PINNED;

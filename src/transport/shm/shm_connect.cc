@@ -30,6 +30,7 @@
 #include "core/auth.h"
 #include "core/fd_passing.h"
 #include "core/log.h"
+#include "core/pidfd.h"
 #include "ringreduce/error.h"
 #include "transport/shm/shm_kind.h"
 
@@ -122,22 +123,8 @@ bool parse_address(const std::string& v, Address* a) {
   return true;
 }
 
-int pidfd_open(pid_t pid) {
-  return static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
-}
-
-// This process's pid namespace ("<dev>:<inode>" of /proc/self/ns/pid) when pidfds can watch
-// processes here; "-" otherwise, which makes the host's ranks connect in a mesh.
-std::string pidfd_namespace() {
-  struct stat st {};
-  if (stat("/proc/self/ns/pid", &st) != 0) return "-";
-  core::Fd probe(pidfd_open(getpid()));
-  if (!probe.valid()) return "-";
-  char s[64];
-  snprintf(s, sizeof s, "%llx:%llx", static_cast<unsigned long long>(st.st_dev),
-           static_cast<unsigned long long>(st.st_ino));
-  return s;
-}
+using core::pidfd_namespace;
+using core::pidfd_open;
 
 }  // namespace
 

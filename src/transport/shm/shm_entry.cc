@@ -57,7 +57,15 @@ std::unique_ptr<LinkKind> connect(const ConnectArgs& a, KindShare& share,
 }  // namespace
 
 KindEntry kind_entry() {
-  return {"shm", {"RINGREDUCE_SHM"}, check_settings, listen, can_link, open_files, connect};
+  return {
+      "shm",
+      {"RINGREDUCE_SHM"},
+      check_settings,
+      listen,
+      can_link,
+      open_files,
+      connect,
+      static_cast<uint8_t>(memory_mask(MemorySpace::host) | memory_mask(MemorySpace::registered))};
 }
 
 }  // namespace ringreduce::transport::shm

@@ -85,7 +85,7 @@ KindEntry kind_entry() {
   return {"tcp",          {"RINGREDUCE_NSOCKS", "RINGREDUCE_SOCKET_FAMILY"},
           check_settings, listen,
           can_link,       open_files,
-          connect};
+          connect,        memory_mask(MemorySpace::host)};
 }
 
 }  // namespace ringreduce::transport::tcp
