@@ -213,13 +213,11 @@ bool DeviceKind::retire() {
 bool DeviceKind::poll(bool) {
   if (aborted_) return false;
   bool moved = retire();
-  bool device_set = false;
   for (DeviceLink* l : links_) {
     if (l->sends_.empty() && l->recvs_.empty()) continue;
-    if (!device_set) {
-      // The driving thread may be the progress thread, whose current device is the first.
+    if (!device_set_) {
       runtime_.set_current_device(device_);
-      device_set = true;
+      device_set_ = true;
     }
     moved |= l->advance();
   }

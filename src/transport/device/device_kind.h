@@ -180,7 +180,10 @@ class DeviceKind final : public LinkKind {
   const KindTraits& traits() const override { return traits_; }
   Link& link(int peer, int channel) override;
   Link& lane(int peer) override;
-  void begin_op(const OpTag& tag, bool) override { tag_ = tag; }
+  void begin_op(const OpTag& tag, bool) override {
+    tag_ = tag;
+    device_set_ = false;
+  }
   void set_describer(std::function<std::string(const OpTag&)> f) override {
     describe_ = std::move(f);
   }
@@ -230,6 +233,9 @@ class DeviceKind final : public LinkKind {
   reduce::DeviceRuntime& runtime_;
   void* stream_ = nullptr;
   int device_ = 0;  // the stream's (current when the communicator was made)
+  // device_ made current in the driving thread since the op began (the driving thread may be the
+  // progress thread, whose current device is the first; an op runs in one thread).
+  bool device_set_ = false;
   core::Fd block_fd_, bell_;
   core::Mapping block_;
   std::vector<std::unique_ptr<Peer>> peers_;  // by rank (null: not linked here)
