@@ -1,57 +1,19 @@
 #include "core/auth.h"
 
-#include <dlfcn.h>
 #include <errno.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-#include <openssl/opensslv.h>
 #include <sys/random.h>
 
-#include <mutex>
 #include <vector>
 
+#include "core/libcrypto.h"
 #include "ringreduce/error.h"
 
 namespace ringreduce::core::auth {
-namespace {
 
 // libcrypto is loaded when the first proof is made, not linked: only a job with a token needs
-// HMAC-SHA256, and loading OpenSSL 3's libcrypto (21,000 relocations and its constructors) cost
-// every process ~4 ms of its start (a program that only exits: 2.1 ms alone, 6.2 ms linked with
-// it), one second of CPU at 256 ranks. The headers still give the functions' types; the soname
-// is the major version the build compiled against (systemd loads its optional libraries so).
-#ifndef OPENSSL_VERSION_MAJOR
-#error "OpenSSL 3 or later is needed (its libcrypto's soname is named from OPENSSL_VERSION_MAJOR)"
-#endif
-#define RR_STR2(x) #x
-#define RR_STR(x) RR_STR2(x)
-constexpr const char* kLibcrypto = "libcrypto.so." RR_STR(OPENSSL_VERSION_MAJOR);
-
-struct Libcrypto {
-  decltype(&::HMAC) hmac = nullptr;
-  decltype(&::EVP_sha256) sha256 = nullptr;
-  std::string error;  // why it could not be loaded
-};
-
-const Libcrypto& libcrypto() {
-  static Libcrypto lib;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    // Never closed: the process may make proofs until it exits.
-    void* h = dlopen(kLibcrypto, RTLD_NOW | RTLD_LOCAL);
-    if (h) {
-      lib.hmac = reinterpret_cast<decltype(&::HMAC)>(dlsym(h, "HMAC"));
-      lib.sha256 = reinterpret_cast<decltype(&::EVP_sha256)>(dlsym(h, "EVP_sha256"));
-    }
-    if (!lib.hmac || !lib.sha256) {
-      const char* why = dlerror();
-      lib.error = why ? why : "HMAC or EVP_sha256 missing";
-      lib.hmac = nullptr;
-    }
-  });
-  return lib;
-}
-
+// HMAC-SHA256 (libcrypto.h says what linking it cost every process).
+namespace {
+constexpr std::string_view kCryptoUser = "authentication: RINGREDUCE_TOKEN";
 }  // namespace
 
 Nonce random_nonce() {
@@ -72,27 +34,16 @@ Nonce random_nonce() {
 }
 
 bool crypto_loaded() {
-  void* h = dlopen(kLibcrypto, RTLD_NOW | RTLD_NOLOAD);
-  if (h) dlclose(h);  // RTLD_NOLOAD took a reference
-  return h != nullptr;
-}
-
-// The loaded library, or an Error naming it.
-static const Libcrypto& loaded_libcrypto() {
-  const Libcrypto& lib = libcrypto();
-  if (!lib.hmac)
-    throw Error(std::string("authentication: RINGREDUCE_TOKEN needs OpenSSL's ") + kLibcrypto +
-                " (Debian: libssl3), which could not be loaded: " + lib.error);
-  return lib;
+  return libcrypto_loaded();
 }
 
 void require_crypto() {
-  loaded_libcrypto();
+  require_libcrypto(kCryptoUser);
 }
 
 Proof make_proof(std::string_view token, std::string_view label, std::span<const uint8_t> context,
                  const Nonce& peer_nonce, const Nonce& own_nonce) {
-  const Libcrypto& lib = loaded_libcrypto();
+  const Libcrypto& lib = require_libcrypto(kCryptoUser);
   std::vector<uint8_t> msg;
   msg.reserve(label.size() + 1 + context.size() + 2 * kNonceBytes);
   msg.insert(msg.end(), label.begin(), label.end());
@@ -102,8 +53,8 @@ Proof make_proof(std::string_view token, std::string_view label, std::span<const
   msg.insert(msg.end(), own_nonce.begin(), own_nonce.end());
   Proof out{};
   unsigned int len = 0;
-  if (lib.hmac(lib.sha256(), token.data(), static_cast<int>(token.size()), msg.data(), msg.size(),
-               out.data(), &len) == nullptr ||
+  if (lib.HMAC(lib.EVP_sha256(), token.data(), static_cast<int>(token.size()), msg.data(),
+               msg.size(), out.data(), &len) == nullptr ||
       len != out.size())
     throw Error("authentication: OpenSSL's HMAC-SHA256 failed");
   return out;

@@ -36,8 +36,8 @@ Proof make_proof(std::string_view token, std::string_view label, std::span<const
 // Loads libcrypto now (make_proof() would on first use), or throws ringreduce::Error naming it:
 // where a token is set, a missing library is said at start-up, not deep in a connection's hello.
 void require_crypto();
-// Whether libcrypto is in the process: the first make_proof() loads it (auth.cc says why not at
-// start).
+// Whether libcrypto is in the process: the first make_proof() loads it (libcrypto.h says why not
+// at start).
 bool crypto_loaded();
 
 // Compares in constant time, so that timing does not leak how much of a guess was right.
