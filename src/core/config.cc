@@ -21,6 +21,9 @@ const std::vector<SettingInfo>& all_settings() {
       {"RINGREDUCE_ADDR", "",
        "rendezvous store host:port (else MASTER_ADDR:MASTER_PORT); rank 0 hosts it"},
       {"RINGREDUCE_TOKEN", "", "shared secret that authenticates store and data connections"},
+      {"RINGREDUCE_ENCRYPT", "off",
+       "encrypt and integrity-check TCP data connections: off, psk (keys from RINGREDUCE_TOKEN; "
+       "AES-256-GCM or ChaCha20-Poly1305), tls (not built yet)"},
       {"RINGREDUCE_TIMEOUT", "300", "seconds any wait may take before a TimeoutError"},
       {"RINGREDUCE_STALL_WARN", "60",
        "seconds an op may wait before a warning lists the ranks that have not reached it (again at "

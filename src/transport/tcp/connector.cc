@@ -180,7 +180,8 @@ void Connector::on_outgoing(Iter it, uint32_t events) {
                           ": " + strerror(err),
                       peer);
     p.sent = hello_for(p.index);
-    const std::vector<uint8_t> msg = connector_hello(p.sent, token, to.nonce, &p.nonce);
+    const std::vector<uint8_t> msg =
+        connector_hello(p.sent, token, to.nonce, &p.nonce, expect_.encrypt);
     if (!send_small(p.fd.get(), msg))
       throw PeerError("could not send hello to rank " + std::to_string(peer) + " at " +
                           to.addr.str() + ": " + strerror(errno),
@@ -207,16 +208,18 @@ void Connector::on_outgoing(Iter it, uint32_t events) {
     }
   }
   if (r <= 0)
-    throw PeerError("rank " + std::to_string(peer) +
-                        " closed our data connection before answering its hello" +
-                        (token.empty() ? "" : " (a different RINGREDUCE_TOKEN there?)") +
-                        (last_drop_.empty()
-                             ? ""
-                             : " (this rank meanwhile dropped a connection: " + last_drop_ + ")"),
-                    peer);
+    throw PeerError(
+        "rank " + std::to_string(peer) + " closed our data connection before answering its hello" +
+            (token.empty()     ? ""
+             : expect_.encrypt ? " (a different RINGREDUCE_TOKEN or RINGREDUCE_ENCRYPT there?)"
+                               : " (a different RINGREDUCE_TOKEN there?)") +
+            (last_drop_.empty()
+                 ? ""
+                 : " (this rank meanwhile dropped a connection: " + last_drop_ + ")"),
+        peer);
   if (p.got < want) return;
   const std::string bad =
-      check_acceptor_hello(p.answer, want, p.sent, peer, token, to.nonce, p.nonce);
+      check_acceptor_hello(p.answer, want, p.sent, peer, token, to.nonce, p.nonce, expect_.encrypt);
   if (!bad.empty()) throw PeerError("rank " + std::to_string(peer) + " " + bad, peer);
   hand_over(it, peer, p.index);
 }
@@ -261,7 +264,7 @@ void Connector::settle_incoming(Iter it) {
       break;
   }
   const std::vector<uint8_t> mine =
-      acceptor_hello(p.reader, hello_for(index), expect_.token, expect_.nonce);
+      acceptor_hello(p.reader, hello_for(index), expect_.token, expect_.nonce, expect_.encrypt);
   if (!send_small(p.fd.get(), mine)) return drop(it, "could not answer its hello", false);
   // The lower rank's connection wins: ours, if under way, is withdrawn (the peer closes it in
   // turn); only now that the answer is out, so that the state never says "connecting" with
@@ -271,12 +274,34 @@ void Connector::settle_incoming(Iter it) {
 }
 
 void Connector::hand_over(Iter it, int peer, int index) {
+  // Encrypted: this connection's keys, from the token, both nonces (the connector's fresh one
+  // and the acceptor's published one) and who is who on which connection.
+  std::unique_ptr<SecureChannel> secure;
+  if (expect_.encrypt) {
+    const bool outgoing = it->phase == Pending::Phase::awaiting_answer;
+    const int connector = outgoing ? expect_.rank : peer, acceptor = outgoing ? peer : expect_.rank;
+    const core::auth::Nonce& cn = outgoing ? it->nonce : it->reader.peer_nonce();
+    const core::auth::Nonce& an =
+        outgoing ? peers_[static_cast<size_t>(peer)].nonce : expect_.nonce;
+    uint8_t context[20];
+    const int32_t ids[3] = {connector, acceptor, index};
+    std::memcpy(context, &expect_.comm_id, 8);
+    std::memcpy(context + 8, ids, 12);
+    Hello answer;
+    std::memcpy(&answer, it->answer, sizeof answer);
+    const uint32_t mine = hello_auth(expect_.token, true);
+    const core::aead::Cipher cipher = outgoing ? connection_cipher(mine, answer.auth)
+                                               : connection_cipher(it->reader.hello().auth, mine);
+    secure = std::make_unique<SecureChannel>(core::aead::derive_keys(
+        expect_.token, "ringreduce data connection", context, cn, an,
+        outgoing ? core::aead::Side::connector : core::aead::Side::acceptor, cipher));
+  }
   // Out of the set first: the link registers the same descriptor under its own tag.
   epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->fd.get(), nullptr);
   core::Fd fd = std::move(it->fd);
   pending_.erase(it);  // its descriptor moved out, already out of the set
   state(peer, index) = State::attached;
-  attach_(peer, index, std::move(fd));
+  attach_(peer, index, std::move(fd), std::move(secure));
 }
 
 void Connector::drop(Iter it, const std::string& why, bool quiet) {

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <list>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,7 @@
 #include "core/deadline.h"
 #include "core/fd.h"
 #include "transport/tcp/handshake.h"
+#include "transport/tcp/secure_channel.h"
 #include "transport/tcp/socket.h"
 
 namespace ringreduce::transport::tcp {
@@ -44,8 +46,10 @@ struct PeerAddress {
 
 class Connector {
  public:
-  // Hands an attached connection to its link: (peer, connection index, fd).
-  using Attach = std::function<void(int peer, int index, core::Fd fd)>;
+  // Hands an attached connection to its link: (peer, connection index, fd, and its record layer
+  // when encrypted, else null).
+  using Attach =
+      std::function<void(int peer, int index, core::Fd fd, std::unique_ptr<SecureChannel>)>;
 
   // expect: this rank's identity (comm id, rank, size, connections per peer, token, nonce).
   // wanted[q]: connections with q are this kind's. The listener is registered on epoll_fd.

@@ -55,10 +55,16 @@ HelloReader::State HelloReader::check_hello() {
   // setting should be told that, not that it belongs elsewhere.
   if (h.auth == kHelloAuthNone && !e.token.empty())
     return reject("sent no proof of the token (RINGREDUCE_TOKEN is set here, not there?)");
-  if (h.auth == kHelloAuthHmac && e.token.empty())
+  if (h.auth != kHelloAuthNone && e.token.empty())
     return reject("offers a token proof, but RINGREDUCE_TOKEN is not set here");
-  if (h.auth != kHelloAuthNone && h.auth != kHelloAuthHmac)
+  if (h.auth != kHelloAuthNone && h.auth != kHelloAuthHmac && !encrypted_auth(h.auth))
     return reject("unknown authentication method " + std::to_string(h.auth));
+  // Encryption before identity too: a rank that would read our records as plaintext (or send
+  // its own in the clear) is refused at its hello, saying which setting differs.
+  if (h.auth == kHelloAuthHmac && e.encrypt)
+    return reject("connects without encryption (RINGREDUCE_ENCRYPT=psk here, not there?)");
+  if (encrypted_auth(h.auth) && !e.encrypt)
+    return reject("connects encrypted (RINGREDUCE_ENCRYPT=psk there, not here?)");
   if (h.comm_id != e.comm_id) return reject("belongs to another communicator");
   if (h.world_size != e.size) return reject("world size " + std::to_string(h.world_size));
   if (h.rank == e.rank || h.rank < 0 || h.rank >= e.size)
@@ -87,9 +93,22 @@ HelloReader::State HelloReader::reject(std::string why) {
   return state_ = State::rejected;
 }
 
+uint32_t hello_auth(const std::string& token, bool encrypt) {
+  if (token.empty()) return kHelloAuthNone;
+  if (!encrypt) return kHelloAuthHmac;
+  return core::aead::preferred_cipher() == core::aead::Cipher::aes_256_gcm ? kHelloAuthHmacAead
+                                                                           : kHelloAuthHmacChacha;
+}
+
+core::aead::Cipher connection_cipher(uint32_t connector_auth, uint32_t acceptor_auth) {
+  return connector_auth == kHelloAuthHmacAead && acceptor_auth == kHelloAuthHmacAead
+             ? core::aead::Cipher::aes_256_gcm
+             : core::aead::Cipher::chacha20_poly1305;
+}
+
 std::vector<uint8_t> connector_hello(Hello mine, const std::string& token,
-                                     const Nonce& acceptor_nonce, Nonce* own_nonce) {
-  mine.auth = token.empty() ? kHelloAuthNone : kHelloAuthHmac;
+                                     const Nonce& acceptor_nonce, Nonce* own_nonce, bool encrypt) {
+  mine.auth = hello_auth(token, encrypt);
   std::vector<uint8_t> out(bytes_of(mine).begin(), bytes_of(mine).end());
   if (token.empty()) return out;
   *own_nonce = core::auth::random_nonce();
@@ -101,8 +120,9 @@ std::vector<uint8_t> connector_hello(Hello mine, const std::string& token,
 }
 
 std::vector<uint8_t> acceptor_hello(const HelloReader& accepted, Hello mine,
-                                    const std::string& token, const Nonce& own_nonce) {
-  mine.auth = token.empty() ? kHelloAuthNone : kHelloAuthHmac;
+                                    const std::string& token, const Nonce& own_nonce,
+                                    bool encrypt) {
+  mine.auth = hello_auth(token, encrypt);
   std::vector<uint8_t> out(bytes_of(mine).begin(), bytes_of(mine).end());
   if (token.empty()) return out;
   const Proof p = core::auth::make_proof(token, kAcceptorLabel, both(accepted.hello(), mine),
@@ -113,7 +133,7 @@ std::vector<uint8_t> acceptor_hello(const HelloReader& accepted, Hello mine,
 
 std::string check_acceptor_hello(const uint8_t* data, size_t len, const Hello& mine, int peer,
                                  const std::string& token, const Nonce& acceptor_nonce,
-                                 const Nonce& own_nonce) {
+                                 const Nonce& own_nonce, bool encrypt) {
   if (len != acceptor_hello_bytes(token)) return "answered with a hello of the wrong length";
   Hello h;
   std::memcpy(&h, data, sizeof h);
@@ -122,10 +142,10 @@ std::string check_acceptor_hello(const uint8_t* data, size_t len, const Hello& m
     return "answered with a wrong hello";
   if (token.empty()) return "";
   Hello sent = mine;
-  sent.auth = kHelloAuthHmac;
+  sent.auth = hello_auth(token, encrypt);
   const Proof want =
       core::auth::make_proof(token, kAcceptorLabel, both(sent, h), own_nonce, acceptor_nonce);
-  if (h.auth != kHelloAuthHmac ||
+  if ((encrypt ? !encrypted_auth(h.auth) : h.auth != sent.auth) ||
       !core::auth::proofs_equal(
           want, std::span<const uint8_t>(data + sizeof(Hello), core::auth::kProofBytes)))
     return "answered without a valid proof of the token (RINGREDUCE_TOKEN differs?)";

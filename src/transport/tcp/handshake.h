@@ -14,9 +14,11 @@
 //                                   connector nonce, acceptor nonce)
 // The acceptor checks the proof before the link exists; the connector checks the answer before
 // it uses the link. A stranger without the token can neither join (its proof is wrong) nor pose
-// as a rank to a connector (it cannot answer). What is not protected: the bytes of an
-// established connection (no encryption or per-message MAC), which an attacker on the path could
-// read or alter.
+// as a rank to a connector (it cannot answer). Without encryption the bytes of an established
+// connection are not protected (an attacker on the path could read or alter them); with
+// RINGREDUCE_ENCRYPT=psk (kHelloAuthHmacAead, bound into both proofs) every byte after the hellos
+// travels in records sealed under keys derived from the token and both nonces
+// (secure_channel.h), and a rank whose setting differs is refused at the hello.
 #pragma once
 
 #include <cstddef>
@@ -24,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "core/aead.h"
 #include "core/auth.h"
 #include "transport/tcp/wire.h"
 
@@ -39,6 +42,7 @@ struct HelloExpect {
   int size = 1;
   int channels = 1;           // connections per peer
   std::string token;          // empty: no authentication
+  bool encrypt = false;       // RINGREDUCE_ENCRYPT=psk (with a token): kHelloAuthHmacAead
   core::auth::Nonce nonce{};  // the acceptor's published nonce (with a token)
 };
 
@@ -77,11 +81,12 @@ class HelloReader {
 // nonce (a fresh one is stored in *own_nonce) and its proof for the acceptor's nonce.
 std::vector<uint8_t> connector_hello(Hello mine, const std::string& token,
                                      const core::auth::Nonce& acceptor_nonce,
-                                     core::auth::Nonce* own_nonce);
+                                     core::auth::Nonce* own_nonce, bool encrypt = false);
 
 // What an acceptor answers to a hello its reader accepted.
 std::vector<uint8_t> acceptor_hello(const HelloReader& accepted, Hello mine,
-                                    const std::string& token, const core::auth::Nonce& own_nonce);
+                                    const std::string& token, const core::auth::Nonce& own_nonce,
+                                    bool encrypt = false);
 
 // Bytes of the acceptor's answer.
 inline size_t acceptor_hello_bytes(const std::string& token) {
@@ -92,6 +97,11 @@ inline size_t acceptor_hello_bytes(const std::string& token) {
 // communicator and, with a token, proves the token; else why not.
 std::string check_acceptor_hello(const uint8_t* data, size_t len, const Hello& mine, int peer,
                                  const std::string& token, const core::auth::Nonce& acceptor_nonce,
-                                 const core::auth::Nonce& own_nonce);
+                                 const core::auth::Nonce& own_nonce, bool encrypt = false);
+
+// The auth field of this rank's hellos.
+uint32_t hello_auth(const std::string& token, bool encrypt);
+// The cipher of an encrypted connection whose hellos carried these auth fields.
+core::aead::Cipher connection_cipher(uint32_t connector_auth, uint32_t acceptor_auth);
 
 }  // namespace ringreduce::transport::tcp

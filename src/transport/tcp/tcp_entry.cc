@@ -3,6 +3,7 @@
 // the communicator's life (connections are made on first use, connector.h).
 #include "transport/tcp/tcp_entry.h"
 
+#include "core/aead.h"
 #include "ringreduce/error.h"
 #include "transport/tcp/socket.h"
 #include "transport/tcp/tcp_kind.h"
@@ -28,6 +29,17 @@ void check_settings(const core::Config& config) {
   const int64_t n = config.integer("RINGREDUCE_NSOCKS");
   if (n < 1 || n > 16)
     throw InvalidArgument("RINGREDUCE_NSOCKS=" + std::to_string(n) + " is not in 1..16");
+  const std::string e = config.str("RINGREDUCE_ENCRYPT");
+  if (e != "off" && e != "psk" && e != "tls")
+    throw InvalidArgument("RINGREDUCE_ENCRYPT='" + e + "' is none of off, psk, tls");
+  // The keys of psk come from the token; without one there is nothing secret to derive them from.
+  if (e == "psk" && config.str("RINGREDUCE_TOKEN").empty())
+    throw InvalidArgument(
+        "RINGREDUCE_ENCRYPT=psk needs RINGREDUCE_TOKEN (its keys are derived from the token)");
+  if (e == "tls")
+    throw InvalidArgument(
+        "RINGREDUCE_ENCRYPT=tls is not built yet (issue 45): use psk with RINGREDUCE_TOKEN");
+  if (e == "psk") core::auth::require_crypto();
 }
 
 std::unique_ptr<KindListener> listen(const core::Config& config, const std::string& token,
@@ -82,7 +94,7 @@ std::unique_ptr<LinkKind> connect(const ConnectArgs& a, KindShare& share,
 }  // namespace
 
 KindEntry kind_entry() {
-  return {"tcp",          {"RINGREDUCE_NSOCKS", "RINGREDUCE_SOCKET_FAMILY"},
+  return {"tcp",          {"RINGREDUCE_NSOCKS", "RINGREDUCE_SOCKET_FAMILY", "RINGREDUCE_ENCRYPT"},
           check_settings, listen,
           can_link,       open_files,
           connect,        memory_mask(MemorySpace::host)};

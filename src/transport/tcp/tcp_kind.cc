@@ -59,10 +59,13 @@ TcpKind::TcpKind(TcpOptions opts, const core::Config& config) : opts_(std::move(
   expect.size = opts_.size;
   expect.channels = stride();
   expect.token = config.str("RINGREDUCE_TOKEN");
+  expect.encrypt = config.str("RINGREDUCE_ENCRYPT") == "psk";
   expect.nonce = opts_.nonce;
   connector_ = std::make_unique<Connector>(
       expect, std::move(opts_.listener), read_addresses(config), connect_, epoll_.get(),
-      [this](int peer, int index, core::Fd fd) { attach(peer, index, std::move(fd)); });
+      [this](int peer, int index, core::Fd fd, std::unique_ptr<SecureChannel> secure) {
+        attach(peer, index, std::move(fd), std::move(secure));
+      });
   size_t n = 0;
   for (bool c : connect_) n += c ? 1 : 0;
   RR_LOG(info, net, opts_.rank, n, " peers over TCP, connected on first use, ", opts_.channels,
@@ -155,7 +158,7 @@ Link& TcpKind::lane(int peer) {
   }
 }
 
-void TcpKind::attach(int peer, int index, core::Fd fd) {
+void TcpKind::attach(int peer, int index, core::Fd fd, std::unique_ptr<SecureChannel> secure) {
   if (!tune_data_socket(fd.get(), opts_.socket_buffer, opts_.congestion) && !congestion_warned_) {
     congestion_warned_ = true;
     RR_LOG(info, net, opts_.rank, "TCP congestion control '", opts_.congestion,
@@ -169,7 +172,7 @@ void TcpKind::attach(int peer, int index, core::Fd fd) {
     throw Error(std::string("epoll_ctl failed: ") + strerror(errno));
   l.registered_events = EPOLLIN;
   l.registered = true;
-  l.attach(std::move(fd));
+  l.attach(std::move(fd), std::move(secure));
   // The point-to-point layer watches a lane from its connection on (it may be the peer's).
   if (index == wires()) {
     opened_lanes_.push_back(peer);

@@ -107,7 +107,7 @@ class TcpKind final : public LinkKind {
   // The connection (peer, index), made on first use; throws for a peer not routed here.
   TcpLink& wire(int peer, int index);
   // A connection the connector made: into its link, and into the epoll set.
-  void attach(int peer, int index, core::Fd fd);
+  void attach(int peer, int index, core::Fd fd, std::unique_ptr<SecureChannel> secure);
   // One epoll_wait of up to timeout_ms (0: just look) and the work its events allow; returns
   // whether any link had an event.
   bool poll_events(int timeout_ms);

@@ -37,8 +37,9 @@ constexpr size_t kStageBytes = 64 << 10;
 TcpLink::TcpLink(TcpKind* owner, int peer, int channel, bool lane)
     : owner_(owner), peer_(peer), channel_(channel), lane_(lane) {}
 
-void TcpLink::attach(core::Fd fd) {
+void TcpLink::attach(core::Fd fd, std::unique_ptr<SecureChannel> secure) {
   fd_ = std::move(fd);
+  secure_ = std::move(secure);
   if (failed_) {
     // Aborted while connecting: the peer learns it from the stream's end.
     ::shutdown(fd_.get(), SHUT_WR);
@@ -50,6 +51,33 @@ void TcpLink::attach(core::Fd fd) {
 
 const OpTag& TcpLink::tag() const {
   return lane_ ? lane_tag_ : owner_->tag();
+}
+
+ssize_t TcpLink::io_send(iovec* iov, int n) {
+  if (!secure_) {
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(n);
+    return ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+  return secure_->send(fd_.get(), iov, n);
+}
+
+ssize_t TcpLink::io_recv(void* dst, size_t room) {
+  if (!secure_) return ::recv(fd_.get(), dst, room, MSG_DONTWAIT);
+  try {
+    return secure_->recv(fd_.get(), dst, room);
+  } catch (const core::aead::FrameError& e) {
+    // Someone on the path changed the stream (or the peer is not who it claims): nothing of the
+    // record was delivered, and the link cannot go on.
+    failed_ = true;
+    throw PeerError("data from rank " + std::to_string(peer_) +
+                        " failed its integrity check (RINGREDUCE_ENCRYPT): " + e.what(),
+                    peer_);
+  } catch (const Error& e) {
+    failed_ = true;
+    throw PeerError("data from rank " + std::to_string(peer_) + ": " + e.what(), peer_);
+  }
 }
 
 void TcpLink::peer_failed(const std::string& what, int err) {
@@ -79,6 +107,8 @@ uint32_t TcpLink::wanted_events() const {
   // when no receive is posted. A full inbox with nothing to drain it waits for a post.
   if (inbox_end_ < kInboxBytes || inbox_begin_ > 0 || !recvs_.empty()) ev |= EPOLLIN;
   if (!sends_.empty() && sends_.front().written < writable_prefix(sends_.front())) ev |= EPOLLOUT;
+  // A record sealed and not yet all on the socket (its frames already count as written).
+  if (secure_ && secure_->pending()) ev |= EPOLLOUT;
   return ev;
 }
 
@@ -183,6 +213,15 @@ size_t TcpLink::frame_iovecs(SendOp& op, size_t limit, iovec* iov, int* n, bool*
 
 void TcpLink::on_writable() {
   size_t budget = kIoBudget;
+  if (secure_ && secure_->pending()) {
+    const int f = secure_->flush(fd_.get());
+    if (f == 0) return;
+    if (f < 0) {
+      const int err = errno;
+      read_pending_notice();
+      peer_failed("closed the connection", err);
+    }
+  }
   while (!sends_.empty() && sends_.front().written < writable_prefix(sends_.front()) &&
          budget > 0) {
     // Gather as many queued frames as fit in one sendmsg: small messages then cost one syscall
@@ -198,10 +237,7 @@ void TcpLink::on_writable() {
       if (limit < sizeof(FrameHeader) + it->bytes) break;  // partly ready: nothing after it yet
       if (coded) break;
     }
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = static_cast<size_t>(n);
-    ssize_t w = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t w = io_send(iov, n);
     if (w < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
@@ -224,7 +260,8 @@ void TcpLink::on_writable() {
       }
     }
     // Zero-length frames (barrier tokens) are only headers; anything else is handled above.
-    if (static_cast<size_t>(w) < total) break;  // socket full
+    // Encrypted, a call takes one record: the socket is full only if that record is not all out.
+    if (static_cast<size_t>(w) < total && (!secure_ || secure_->pending())) break;
   }
 }
 
@@ -410,8 +447,9 @@ void TcpLink::on_readable() {
     if (in_header_ready_ && in_header_checked_ && inbox_begin_ == inbox_end_ && !recvs_.empty()) {
       RecvOp& op = recvs_.front();
       size_t want = op.bytes - op.done;
+      // (Not encrypted: a record is opened, checked, then copied; it goes through the inbox.)
       if ((op.kind == RecvKind::plain || op.kind == RecvKind::copy_send) &&
-          want >= kDirectReadMin) {
+          want >= kDirectReadMin && !secure_) {
         ssize_t r = ::recv(fd_.get(), op.dst + op.done, want, MSG_DONTWAIT);
         if (r > 0) {
           op.done += static_cast<size_t>(r);
@@ -438,13 +476,23 @@ void TcpLink::on_readable() {
     // At a frame boundary with a large plain receive waiting, read only the header, so that the
     // payload then goes straight into place instead of through the inbox.
     size_t want_bytes = kInboxBytes - inbox_end_;
-    if (!in_header_ready_ && !recvs_.empty() && inbox_end_ - inbox_begin_ < sizeof(FrameHeader)) {
+    if (!secure_ && !in_header_ready_ && !recvs_.empty() &&
+        inbox_end_ - inbox_begin_ < sizeof(FrameHeader)) {
       const RecvOp& op = recvs_.front();
       if ((op.kind == RecvKind::plain || op.kind == RecvKind::copy_send) &&
           op.bytes >= kDirectReadMin)
         want_bytes = std::min(want_bytes, sizeof(FrameHeader) - (inbox_end_ - inbox_begin_));
     }
-    ssize_t r = ::recv(fd_.get(), inbox_.get() + inbox_end_, want_bytes, MSG_DONTWAIT);
+    if (secure_ && want_bytes < secure_->next_record_bytes()) {
+      // The next record's plaintext does not fit behind what the inbox holds: make room.
+      if (inbox_begin_ == 0) return;  // until a posted receive drains it
+      const size_t avail = inbox_end_ - inbox_begin_;
+      std::memmove(inbox_.get(), inbox_.get() + inbox_begin_, avail);
+      inbox_begin_ = 0;
+      inbox_end_ = avail;
+      continue;
+    }
+    ssize_t r = io_recv(inbox_.get() + inbox_end_, want_bytes);
     if (r > 0) {
       inbox_end_ += static_cast<size_t>(r);
       budget -= std::min(budget, static_cast<size_t>(r));

@@ -14,6 +14,7 @@
 
 #include "core/fd.h"
 #include "transport/link.h"
+#include "transport/tcp/secure_channel.h"
 #include "transport/tcp/wire.h"
 
 namespace ringreduce::transport::tcp {
@@ -27,7 +28,8 @@ class TcpLink final : public Link {
   TcpLink(TcpKind* owner, int peer, int channel, bool lane = false);
   // Gives the link its connection (its hello exchanged, non-blocking): what was queued goes.
   // The kind registers it with epoll first.
-  void attach(core::Fd fd);
+  // secure: the connection's record layer when encrypted (RINGREDUCE_ENCRYPT), else null.
+  void attach(core::Fd fd, std::unique_ptr<SecureChannel> secure = nullptr);
   bool connected() const { return fd_.valid(); }
   int peer() const override { return peer_; }
   bool lane() const { return lane_; }
@@ -155,6 +157,11 @@ class TcpLink final : public Link {
 
   // The tag this link's frames carry and its receives expect.
   const OpTag& tag() const;
+  // The socket's I/O, through the record layer when the connection is encrypted: as sendmsg and
+  // recv (MSG_DONTWAIT), in plaintext bytes. A record that fails its check is a PeerError naming
+  // the peer and what happened to it on the way.
+  ssize_t io_send(iovec* iov, int n);
+  ssize_t io_recv(void* dst, size_t room);
 
   TcpKind* owner_;
   int peer_;
@@ -162,6 +169,7 @@ class TcpLink final : public Link {
   bool lane_;
   OpTag lane_tag_ = lane_tag();
   core::Fd fd_;
+  std::unique_ptr<SecureChannel> secure_;
   bool failed_ = false;
   bool closed_by_peer_ = false;
   std::exception_ptr notice_;

@@ -19,8 +19,12 @@ namespace ringreduce::transport::tcp {
 void TcpLink::read_pending_notice() {
   if (!inbox_) inbox_ = std::make_unique_for_overwrite<char[]>(kInboxBytes);
   for (int i = 0; i < 64 && inbox_end_ < kInboxBytes; ++i) {
-    ssize_t r =
-        ::recv(fd_.get(), inbox_.get() + inbox_end_, kInboxBytes - inbox_end_, MSG_DONTWAIT);
+    ssize_t r = 0;
+    try {
+      r = io_recv(inbox_.get() + inbox_end_, kInboxBytes - inbox_end_);
+    } catch (const Error&) {
+      break;  // a stream that fails its check holds no notice we could believe
+    }
     if (r <= 0) break;
     inbox_end_ += static_cast<size_t>(r);
   }
@@ -87,8 +91,13 @@ bool TcpLink::salvage_notice() {
     if (inbox_begin_ > 0) std::memmove(inbox_.get(), inbox_.get() + inbox_begin_, avail);
     inbox_begin_ = 0;
     inbox_end_ = avail;
-    ssize_t r =
-        ::recv(fd_.get(), inbox_.get() + inbox_end_, kInboxBytes - inbox_end_, MSG_DONTWAIT);
+    ssize_t r = 0;
+    try {
+      r = io_recv(inbox_.get() + inbox_end_, kInboxBytes - inbox_end_);
+    } catch (const Error&) {
+      salvage_done_ = true;  // unreadable from here on
+      return true;
+    }
     if (r > 0) {
       inbox_end_ += static_cast<size_t>(r);
       continue;
@@ -128,10 +137,7 @@ void TcpLink::finish_frame_for_notice() {
     iovec iov[2];
     int n = 0;
     frame_iovecs(op, frame, iov, &n);
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = static_cast<size_t>(n);
-    const ssize_t w = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t w = io_send(iov, n);
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) return;
     op.written += static_cast<size_t>(w);
@@ -171,11 +177,10 @@ void TcpLink::fail(int code, int blamed_rank, const std::string& reason) {
     h.payload_bytes = payload.size();
     h.tag = owner_->tag();
     iovec iov[2] = {{&h, sizeof h}, {payload.data(), payload.size()}};
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = 2;
     // One attempt, never blocking: a peer that does not read will see the shutdown instead.
-    ssize_t ignored = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    // (Encrypted, the notice is a record of its own, behind the rest of one sealed earlier.)
+    if (secure_ && secure_->pending()) secure_->flush(fd_.get());
+    ssize_t ignored = io_send(iov, 2);
     (void)ignored;
   }
   ::shutdown(fd_.get(), SHUT_WR);

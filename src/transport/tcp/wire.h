@@ -23,11 +23,20 @@ struct Hello {
   int32_t rank = -1;
   int32_t world_size = 0;
   int32_t channel = 0;
-  uint32_t auth = 0;  // kHelloAuthNone or kHelloAuthHmac
+  uint32_t auth = 0;  // kHelloAuthNone, kHelloAuthHmac or kHelloAuthHmacAead
 };
 static_assert(sizeof(Hello) == 32);
 inline constexpr uint32_t kHelloAuthNone = 0;
 inline constexpr uint32_t kHelloAuthHmac = 1;
+// The token's proof, and every byte after the hellos in encrypted records (secure_channel.h)
+// under keys derived from the token and both nonces (RINGREDUCE_ENCRYPT=psk); the value says the
+// cipher its sender prefers (its CPU's fastest: core/aead.h). A connection uses AES-256-GCM
+// where both ends prefer it, ChaCha20-Poly1305 otherwise.
+inline constexpr uint32_t kHelloAuthHmacAead = 2;    // prefers AES-256-GCM
+inline constexpr uint32_t kHelloAuthHmacChacha = 3;  // prefers ChaCha20-Poly1305
+inline bool encrypted_auth(uint32_t auth) {
+  return auth == kHelloAuthHmacAead || auth == kHelloAuthHmacChacha;
+}
 
 enum FrameType : uint16_t {
   kFrameData = 1,
