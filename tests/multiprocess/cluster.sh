@@ -26,6 +26,9 @@
 #             between): a rank SIGKILLed inside an allreduce (shrink_rank.cc); the survivors shrink
 #             and go on exactly, from the kill to the first exact allreduce in under 2 s, and
 #             leave no descriptor or thread behind
+#   mitm      3 hosts, RINGREDUCE_ENCRYPT=psk: a relay in host 1's namespace (mitm_relay.py, host
+#             1's connections to host 2 sent to it by nftables) flips a bit of, replays, drops or
+#             reorders one record; every rank names it, no wrong value is delivered
 #   loss      3 hosts, 5% of the frames dropped each way on host 2's link (scripts/cluster loss):
 #             allreduces of every dtype and several sizes must come out right, with the drops
 #             counted and TCP seen retransmitting
@@ -447,6 +450,64 @@ case "$case_name" in
       retrans=$((retrans + ${n:-0}))
     done
     [ "$retrans" -gt 0 ] || fail "no TCP retransmission across the lossy link"
+    ;;
+  mitm)
+    # A man in the middle between two hosts (issue 45): relays in hosts 1 and 2 that their
+    # connections to each other are sent through (nftables DNAT in each one's output hook; a
+    # relay's own connections, marked 42, pass), which flip a bit of, replay, drop or reorder one
+    # record host 1 sends to host 2 on the first encrypted data connection, whichever end made
+    # it (host 1's relay tampers with what its connector sends, host 2's with what its acceptor
+    # answers). Every rank must fail its allreduce naming what happened (rank 2, the receiver,
+    # first; ranks 0 and 1 through its notice), and no wrong value may be delivered
+    # (netfault_rank checks every element).
+    command -v nft >/dev/null || { echo "skipped: needs nftables (nft)"; exit 77; }
+    "$cluster" up 3 --rate 10gbit || fail "cluster up"
+    for h in 1 2; do
+      me=10.213.77.$((h + 1)) other=10.213.77.$((3 - h + 1))
+      printf '%s\n' "table ip mitm { chain out { type nat hook output priority -100; meta mark != 42 ip daddr $other meta l4proto tcp dnat to $me:40999; }; }" |
+        ip netns exec "${CLUSTER_NAME}h$h" nft -f - || fail "nft: the relay's DNAT on host $h"
+    done
+    for mode in flip replay drop reorder; do
+      case $mode in
+        flip) says="altered" ;;
+        replay) says="replayed" ;;
+        *) says="dropped or reordered" ;;
+      esac
+      rm -rf "$work/ready" "$work"/relay-up.* && mkdir "$work/ready"
+      relays=""
+      for h in 1 2; do
+        dir=c2s && [ $h = 2 ] && dir=s2c
+        "$cluster" exec $h -- python3 "$here/mitm_relay.py" $mode 10.213.77.$((h + 1)) 40999 300 42 \
+          "$work/relay-up.$h" $dir >"$work/relay.$mode.$h" 2>&1 &
+        relays+=" $!"
+      done
+      for _ in $(seq 1 100); do  # bounded: 10 s
+        [ -f "$work/relay-up.1" ] && [ -f "$work/relay-up.2" ] && break
+        sleep 0.1
+      done
+      [ -f "$work/relay-up.1" ] && [ -f "$work/relay-up.2" ] ||
+        { cat "$work"/relay.$mode.*; fail "$mode: the relays did not start"; }
+      "$cluster" run --timeout 60 --env RINGREDUCE_TOKEN=mitm-token --env RINGREDUCE_ENCRYPT=psk \
+        --env RINGREDUCE_TIMEOUT=20 -- "$build/tests/multiprocess/netfault_rank" 1 30 "$work/ready" \
+        >"$work/out.$mode" 2>&1
+      rc=$?
+      # shellcheck disable=SC2086
+      kill $relays 2>/dev/null
+      # shellcheck disable=SC2086
+      wait $relays 2>/dev/null
+      cat "$work"/relay.$mode.* | grep -q "mitm: $mode on record 300" ||
+        { cat "$work"/relay.$mode.* "$work/out.$mode"; fail "$mode: no relay reached record 300"; }
+      ! grep -q WRONG "$work/out.$mode" || { cat "$work/out.$mode"; fail "$mode: a wrong value was delivered"; }
+      [ $rc -eq 0 ] || { cat "$work/out.$mode"; fail "$mode: a rank did not fail, or failed wrongly (rc $rc)"; }
+      grep -q "^\[2\] RESULT rank 2 PeerError peer 1 .*data from rank 1 failed its integrity check (RINGREDUCE_ENCRYPT): $says" \
+        "$work/out.$mode" || { cat "$work/out.$mode"; fail "$mode: rank 2 did not name rank 1 and '$says'"; }
+      for r in 0 1; do
+        grep -q "^\[$r\] RESULT rank $r .*integrity check (RINGREDUCE_ENCRYPT): $says" "$work/out.$mode" ||
+          { cat "$work/out.$mode"; fail "$mode: rank $r did not learn what happened"; }
+      done
+      grep "RESULT rank 2" "$work/out.$mode" | cut -c1-220
+    done
+    echo "ok: a bit flipped, a record replayed, dropped, reordered on the way: every rank named it, no wrong value"
     ;;
   *) echo "unknown case $case_name"; exit 2 ;;
 esac
