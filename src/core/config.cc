@@ -23,7 +23,13 @@ const std::vector<SettingInfo>& all_settings() {
       {"RINGREDUCE_TOKEN", "", "shared secret that authenticates store and data connections"},
       {"RINGREDUCE_ENCRYPT", "off",
        "encrypt and integrity-check TCP data connections: off, psk (keys from RINGREDUCE_TOKEN; "
-       "AES-256-GCM or ChaCha20-Poly1305), tls (not built yet)"},
+       "AES-256-GCM or ChaCha20-Poly1305), tls (keys from a TLS 1.3 handshake with "
+       "RINGREDUCE_TLS_KEY, _CERT, _CA)"},
+      {"RINGREDUCE_TLS_KEY", "", "RINGREDUCE_ENCRYPT=tls: this rank's private key (PEM file)"},
+      {"RINGREDUCE_TLS_CERT", "",
+       "RINGREDUCE_ENCRYPT=tls: this rank's certificate (PEM file; the chain, the leaf first)"},
+      {"RINGREDUCE_TLS_CA", "",
+       "RINGREDUCE_ENCRYPT=tls: the CA every peer's certificate must be signed by (PEM file)"},
       {"RINGREDUCE_TIMEOUT", "300", "seconds any wait may take before a TimeoutError"},
       {"RINGREDUCE_STALL_WARN", "60",
        "seconds an op may wait before a warning lists the ranks that have not reached it (again at "

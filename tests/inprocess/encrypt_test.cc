@@ -5,6 +5,7 @@
 // tests/unit/secure_channel_test.cc's (a relay between the records).
 #include <numeric>
 
+#include "../test_certs.h"
 #include "harness.h"
 #include "ringreduce/ringreduce.h"
 
@@ -12,6 +13,8 @@ namespace rrtest {
 namespace {
 
 using ringreduce::Communicator;
+using rrtest::kOpenssl;
+using rrtest::TestCerts;
 
 std::map<std::string, std::string> encrypted(std::map<std::string, std::string> s) {
   s["RINGREDUCE_TOKEN"] = "encrypt-test-token";
@@ -101,6 +104,82 @@ TEST(Encrypt, RanksThatDisagreeFailAtTheJoin) {
   } catch (const ringreduce::Error& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("RINGREDUCE_ENCRYPT"), std::string::npos) << what;
+  }
+}
+
+// RINGREDUCE_ENCRYPT=tls: certificates instead of the token (made per run with the openssl CLI).
+class EncryptTls : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { ok_ = TestCerts::make(); }
+  static void TearDownTestSuite() { TestCerts::remove(); }
+  void SetUp() override {
+    if (!TestCerts::have_openssl()) GTEST_SKIP() << kOpenssl << " is missing: no certificates";
+    ASSERT_TRUE(ok_) << "making the test certificates failed";
+  }
+  static std::map<std::string, std::string> tls(std::map<std::string, std::string> s,
+                                                const std::string& who = "rank") {
+    s["RINGREDUCE_ENCRYPT"] = "tls";
+    s["RINGREDUCE_TLS_KEY"] = TestCerts::path(who + ".key");
+    s["RINGREDUCE_TLS_CERT"] = TestCerts::path(who + ".crt");
+    s["RINGREDUCE_TLS_CA"] = TestCerts::path("ca.crt");
+    return s;
+  }
+  static inline bool ok_ = false;
+};
+
+TEST_F(EncryptTls, EveryCollectiveExactOverTcp) {
+  run_ranks(3, every_collective, tls({{"RINGREDUCE_SHM", "0"}}));
+}
+
+TEST_F(EncryptTls, EveryCollectiveExactOverMixedHostsWithAToken) {
+  run_ranks(4, every_collective, tls({{"TEST_HOSTS", "2"}, {"RINGREDUCE_TOKEN", "t"}}));
+}
+
+// A rank whose certificate another CA signed (or that has expired) is refused at its first
+// connection, which the start-up's link probe makes: every rank fails at start-up, the ones that
+// saw the handshake fail naming it.
+TEST_F(EncryptTls, UntrustedOrExpiredCertificateFailsEveryRank) {
+  for (const std::string who : {"stranger", "expired"}) {
+    std::vector<std::string> errors(3);
+    auto store = ringreduce::make_memory_store();
+    const std::string prefix = unique_prefix();
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 3; ++r)
+      threads.emplace_back([&, r] {
+        auto o = rank_options(r, 3, store, std::chrono::seconds(10),
+                              tls({{"RINGREDUCE_SHM", "0"}}, r == 1 ? who : "rank"), prefix);
+        try {
+          Communicator comm(o);
+          std::vector<float> v(1000, 1.0f);
+          comm.allreduce(v.data(), v.data(), v.size(), DataType::f32, ReduceOp::sum);
+        } catch (const ringreduce::Error& e) {
+          errors[size_t(r)] = e.what();
+        }
+      });
+    for (auto& t : threads) t.join();
+    size_t named = 0;
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_FALSE(errors[size_t(r)].empty()) << who << ": rank " << r << " went on";
+      EXPECT_EQ(errors[size_t(r)].rfind("rank " + std::to_string(r) + ": ", 0), 0u)
+          << errors[size_t(r)];
+      if (errors[size_t(r)].find("TLS handshake with rank") != std::string::npos) ++named;
+      std::cerr << who << ": " << errors[size_t(r)] << "\n";
+    }
+    EXPECT_GE(named, 1u) << who << ": nobody named the handshake: " << errors[0] << " | "
+                         << errors[1] << " | " << errors[2];
+  }
+}
+
+TEST_F(EncryptTls, MissingFilesRefusedAtStartUp) {
+  try {
+    run_ranks(
+        2, [](Communicator&) {}, {{"RINGREDUCE_ENCRYPT", "tls"}, {"RINGREDUCE_SHM", "0"}},
+        std::chrono::seconds(20));
+    ADD_FAILURE() << "started";
+  } catch (const ringreduce::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("RINGREDUCE_ENCRYPT=tls needs RINGREDUCE_TLS_KEY"),
+              std::string::npos)
+        << e.what();
   }
 }
 

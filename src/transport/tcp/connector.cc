@@ -2,8 +2,11 @@
 
 #include <errno.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include <cstring>
 
 #include <chrono>
 
@@ -15,6 +18,8 @@ namespace {
 
 // How long a stranger may take to send its hello before it is dropped.
 constexpr auto kHelloGrace = std::chrono::seconds(10);
+// A TLS handshake's limit (RINGREDUCE_ENCRYPT=tls): a few round trips between live ranks.
+constexpr auto kTlsHandshakeLimit = std::chrono::seconds(10);
 // Accepted connections still reading their hello, at most, beyond one per peer and connection
 // (an alltoall may have them all under way): a flood of strangers costs bounded memory (the
 // oldest is dropped first).
@@ -38,8 +43,10 @@ bool send_small(int fd, const std::vector<uint8_t>& msg) {
 }  // namespace
 
 Connector::Connector(const HelloExpect& expect, core::Fd listener, std::vector<PeerAddress> peers,
-                     std::vector<bool> wanted, int epoll_fd, Attach attach)
+                     std::vector<bool> wanted, int epoll_fd, Attach attach,
+                     std::shared_ptr<const core::tls::Context> tls)
     : expect_(expect),
+      tls_(std::move(tls)),
       listener_(std::move(listener)),
       peers_(std::move(peers)),
       wanted_(std::move(wanted)),
@@ -66,7 +73,13 @@ void Connector::close_all() {
 void Connector::forget(Iter it) {
   // Out of the set before the close: a copy of the descriptor in a forked child would otherwise
   // keep the registration, and its events, alive.
-  if (it->fd.valid()) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->fd.get(), nullptr);
+  if (it->tls) {
+    // A handshake under way ends at once on a socket shut down; its thread is then joined.
+    if (it->fd.valid()) ::shutdown(it->fd.get(), SHUT_RDWR);
+    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->tls->done.get(), nullptr);
+  } else if (it->fd.valid()) {
+    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->fd.get(), nullptr);
+  }
   pending_.erase(it);
 }
 
@@ -89,7 +102,9 @@ void Connector::watch(Pending& p, uint32_t events, bool add) {
 
 Connector::Iter Connector::outgoing_of(int peer, int index) {
   for (auto it = pending_.begin(); it != pending_.end(); ++it)
-    if (it->phase != Pending::Phase::reading_hello && it->peer == peer && it->index == index)
+    if (it->peer == peer && it->index == index &&
+        (it->phase == Pending::Phase::connecting || it->phase == Pending::Phase::awaiting_answer ||
+         (it->phase == Pending::Phase::tls && it->tls->outgoing)))
       return it;
   return pending_.end();
 }
@@ -127,7 +142,9 @@ void Connector::on_event(uint64_t data, uint32_t events) {
   // Few connections are ever under way at once; one that is gone has nothing left to do.
   for (auto it = pending_.begin(); it != pending_.end(); ++it) {
     if (it->id != id) continue;
-    if (it->phase == Pending::Phase::reading_hello)
+    if (it->phase == Pending::Phase::tls)
+      finish_tls(it);
+    else if (it->phase == Pending::Phase::reading_hello)
       on_incoming(it);
     else
       on_outgoing(it, events);
@@ -210,9 +227,11 @@ void Connector::on_outgoing(Iter it, uint32_t events) {
   if (r <= 0)
     throw PeerError(
         "rank " + std::to_string(peer) + " closed our data connection before answering its hello" +
-            (token.empty()     ? ""
-             : expect_.encrypt ? " (a different RINGREDUCE_TOKEN or RINGREDUCE_ENCRYPT there?)"
-                               : " (a different RINGREDUCE_TOKEN there?)") +
+            (expect_.encrypt == Encrypt::psk
+                 ? " (a different RINGREDUCE_TOKEN or RINGREDUCE_ENCRYPT there?)"
+             : expect_.encrypt == Encrypt::tls ? " (a different RINGREDUCE_ENCRYPT there?)"
+             : token.empty()                   ? ""
+                                               : " (a different RINGREDUCE_TOKEN there?)") +
             (last_drop_.empty()
                  ? ""
                  : " (this rank meanwhile dropped a connection: " + last_drop_ + ")"),
@@ -221,7 +240,7 @@ void Connector::on_outgoing(Iter it, uint32_t events) {
   const std::string bad =
       check_acceptor_hello(p.answer, want, p.sent, peer, token, to.nonce, p.nonce, expect_.encrypt);
   if (!bad.empty()) throw PeerError("rank " + std::to_string(peer) + " " + bad, peer);
-  hand_over(it, peer, p.index);
+  hellos_done(it, peer, p.index);
 }
 
 void Connector::on_incoming(Iter it) {
@@ -270,32 +289,113 @@ void Connector::settle_incoming(Iter it) {
   // turn); only now that the answer is out, so that the state never says "connecting" with
   // nothing under way.
   if (auto own = outgoing_of(peer, index); own != pending_.end()) forget(own);
-  hand_over(it, peer, index);
+  hellos_done(it, peer, index);
 }
 
-void Connector::hand_over(Iter it, int peer, int index) {
-  // Encrypted: this connection's keys, from the token, both nonces (the connector's fresh one
-  // and the acceptor's published one) and who is who on which connection.
-  std::unique_ptr<SecureChannel> secure;
-  if (expect_.encrypt) {
-    const bool outgoing = it->phase == Pending::Phase::awaiting_answer;
-    const int connector = outgoing ? expect_.rank : peer, acceptor = outgoing ? peer : expect_.rank;
-    const core::auth::Nonce& cn = outgoing ? it->nonce : it->reader.peer_nonce();
-    const core::auth::Nonce& an =
-        outgoing ? peers_[static_cast<size_t>(peer)].nonce : expect_.nonce;
-    uint8_t context[20];
-    const int32_t ids[3] = {connector, acceptor, index};
-    std::memcpy(context, &expect_.comm_id, 8);
-    std::memcpy(context + 8, ids, 12);
-    Hello answer;
-    std::memcpy(&answer, it->answer, sizeof answer);
-    const uint32_t mine = hello_auth(expect_.token, true);
-    const core::aead::Cipher cipher = outgoing ? connection_cipher(mine, answer.auth)
-                                               : connection_cipher(it->reader.hello().auth, mine);
-    secure = std::make_unique<SecureChannel>(core::aead::derive_keys(
-        expect_.token, "ringreduce data connection", context, cn, an,
-        outgoing ? core::aead::Side::connector : core::aead::Side::acceptor, cipher));
+std::array<uint8_t, 20> Connector::key_context(bool outgoing, int peer, int index) const {
+  std::array<uint8_t, 20> c{};
+  const int32_t ids[3] = {outgoing ? expect_.rank : peer, outgoing ? peer : expect_.rank, index};
+  std::memcpy(c.data(), &expect_.comm_id, 8);
+  std::memcpy(c.data() + 8, ids, 12);
+  return c;
+}
+
+void Connector::hellos_done(Iter it, int peer, int index) {
+  if (expect_.encrypt == Encrypt::tls) return start_tls(it, peer, index);
+  if (expect_.encrypt == Encrypt::off) return hand_over(it, peer, index);
+  // psk: this connection's keys, from the token, both nonces (the connector's fresh one and the
+  // acceptor's published one) and who is who on which connection.
+  const bool outgoing = it->phase == Pending::Phase::awaiting_answer;
+  const core::auth::Nonce& cn = outgoing ? it->nonce : it->reader.peer_nonce();
+  const core::auth::Nonce& an = outgoing ? peers_[static_cast<size_t>(peer)].nonce : expect_.nonce;
+  Hello answer;
+  std::memcpy(&answer, it->answer, sizeof answer);
+  const uint32_t mine = hello_auth(expect_.token, expect_.encrypt);
+  const core::aead::Cipher cipher = outgoing ? connection_cipher(mine, answer.auth)
+                                             : connection_cipher(it->reader.hello().auth, mine);
+  const auto context = key_context(outgoing, peer, index);
+  hand_over(it, peer, index,
+            std::make_unique<SecureChannel>(core::aead::derive_keys(
+                expect_.token, "ringreduce data connection", context, cn, an,
+                outgoing ? core::aead::Side::connector : core::aead::Side::acceptor, cipher)));
+}
+
+void Connector::start_tls(Iter it, int peer, int index) {
+  Pending& p = *it;
+  const bool outgoing = p.phase == Pending::Phase::awaiting_answer;
+  auto run = std::make_unique<TlsRun>();
+  run->outgoing = outgoing;
+  run->done.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!run->done.valid()) throw Error(std::string("eventfd failed: ") + strerror(errno));
+  // The socket leaves the set while the thread has it; the thread's end is reported instead.
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, p.fd.get(), nullptr);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = (p.id << 1) | 1;
+  if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, run->done.get(), &ev) != 0)
+    throw Error(std::string("epoll_ctl failed: ") + strerror(errno));
+  p.peer = peer;
+  p.index = index;
+  p.phase = Pending::Phase::tls;
+  TlsRun* r = run.get();
+  const int fd = p.fd.get();
+  const auto context = key_context(outgoing, peer, index);
+  std::shared_ptr<const core::tls::Context> ctx = tls_;
+  // Bounded: a peer that stalls its handshake is dropped after this, without holding the engine.
+  const core::Deadline deadline = core::Deadline::after(kTlsHandshakeLimit);
+  run->thread = std::jthread([r, fd, context, ctx, deadline] {
+    try {
+      r->secret =
+          ctx->handshake(fd, r->outgoing ? core::aead::Side::connector : core::aead::Side::acceptor,
+                         context, deadline);
+    } catch (...) {
+      r->error = std::current_exception();
+    }
+    const uint64_t one = 1;
+    (void)!::write(r->done.get(), &one, sizeof one);
+  });
+  p.tls = std::move(run);
+}
+
+void Connector::finish_tls(Iter it) {
+  Pending& p = *it;
+  uint64_t n = 0;
+  if (::read(p.tls->done.get(), &n, sizeof n) != static_cast<ssize_t>(sizeof n)) return;
+  p.tls->thread.join();
+  const bool outgoing = p.tls->outgoing;
+  const int peer = p.peer, index = p.index;
+  if (p.tls->error) {
+    std::string why;
+    try {
+      std::rethrow_exception(p.tls->error);
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+    if (why.rfind("TLS handshake failed: ", 0) == 0) why.erase(0, 22);  // said below already
+    // An outgoing connection goes to the address the peer published through the store: its
+    // refusal is the peer's failure, named now. An incoming one may be a stranger's: dropped.
+    if (outgoing)
+      throw PeerError("TLS handshake with rank " + std::to_string(peer) + " failed: " + why, peer);
+    return drop(it,
+                "TLS handshake with a connection claiming to be rank " + std::to_string(peer) +
+                    " failed: " + why,
+                false);
   }
+  Hello answer;
+  std::memcpy(&answer, p.answer, sizeof answer);
+  const uint32_t mine = hello_auth(expect_.token, expect_.encrypt);
+  const core::aead::Cipher cipher = outgoing ? connection_cipher(mine, answer.auth)
+                                             : connection_cipher(p.reader.hello().auth, mine);
+  const auto context = key_context(outgoing, peer, index);
+  auto secure = std::make_unique<SecureChannel>(core::aead::derive_keys_from_secret(
+      p.tls->secret.bytes, "ringreduce data connection", context,
+      outgoing ? core::aead::Side::connector : core::aead::Side::acceptor, cipher));
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, p.tls->done.get(), nullptr);
+  p.tls.reset();
+  hand_over(it, peer, index, std::move(secure));
+}
+
+void Connector::hand_over(Iter it, int peer, int index, std::unique_ptr<SecureChannel> secure) {
   // Out of the set first: the link registers the same descriptor under its own tag.
   epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->fd.get(), nullptr);
   core::Fd fd = std::move(it->fd);

@@ -21,16 +21,20 @@
 
 #include <sys/epoll.h>
 
+#include <array>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <list>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/auth.h"
 #include "core/deadline.h"
 #include "core/fd.h"
+#include "core/tls_keys.h"
 #include "transport/tcp/handshake.h"
 #include "transport/tcp/secure_channel.h"
 #include "transport/tcp/socket.h"
@@ -53,8 +57,10 @@ class Connector {
 
   // expect: this rank's identity (comm id, rank, size, connections per peer, token, nonce).
   // wanted[q]: connections with q are this kind's. The listener is registered on epoll_fd.
+  // tls: the certificates (RINGREDUCE_ENCRYPT=tls), loaded once; null otherwise.
   Connector(const HelloExpect& expect, core::Fd listener, std::vector<PeerAddress> peers,
-            std::vector<bool> wanted, int epoll_fd, Attach attach);
+            std::vector<bool> wanted, int epoll_fd, Attach attach,
+            std::shared_ptr<const core::tls::Context> tls = nullptr);
   ~Connector();
 
   // Starts the connection (peer, index) unless it is attached, under way, or the peer's own
@@ -74,8 +80,18 @@ class Connector {
 
  private:
   enum class State : uint8_t { none, connecting, crossed, attached };
+  // RINGREDUCE_ENCRYPT=tls: a connection's TLS handshake, after its hellos, on a thread of its own
+  // (it waits on the peer, which the engine's thread must not: a stranger could stall it), which
+  // signals `done` (on the connector's epoll set) when it has finished.
+  struct TlsRun {
+    bool outgoing = false;
+    core::Fd done;  // eventfd
+    core::tls::Secret secret;
+    std::exception_ptr error;
+    std::jthread thread;  // last: joined first, while the rest is still there
+  };
   struct Pending {
-    enum class Phase : uint8_t { connecting, awaiting_answer, reading_hello } phase;
+    enum class Phase : uint8_t { connecting, awaiting_answer, reading_hello, tls } phase;
     core::Fd fd;
     int peer = -1, index = -1;  // outgoing: from the start; incoming: from the hello
     Hello sent;                 // outgoing
@@ -87,6 +103,8 @@ class Connector {
     // Its epoll tag, (id << 1) | 1: an id is never reused, so an event that an earlier batch
     // reported for a connection closed since cannot reach a new one at the same address.
     uint64_t id = 0;
+    // Last: destroyed first, so that its thread is joined before the descriptor closes.
+    std::unique_ptr<TlsRun> tls;
     explicit Pending(const HelloExpect* e) : reader(e) {}
   };
   using Iter = std::list<Pending>::iterator;
@@ -105,8 +123,16 @@ class Connector {
   void on_incoming(Iter it);
   // The hello of an incoming connection checked: attach it, or close it (crossed, duplicate).
   void settle_incoming(Iter it);
-  // A connection whose hellos are done: to its link.
-  void hand_over(Iter it, int peer, int index);
+  // A connection whose hellos are done: to its link (through `secure` when encrypted).
+  void hand_over(Iter it, int peer, int index, std::unique_ptr<SecureChannel> secure = nullptr);
+  // After the hellos: psk's record layer and hand_over, or tls's handshake first (start_tls;
+  // finish_tls once its thread is done).
+  void hellos_done(Iter it, int peer, int index);
+  void start_tls(Iter it, int peer, int index);
+  void finish_tls(Iter it);
+  // What binds a connection's keys: the communicator, the connector's and the acceptor's ranks,
+  // the channel.
+  std::array<uint8_t, 20> key_context(bool outgoing, int peer, int index) const;
   void drop(Iter it, const std::string& why, bool quiet);
   // Takes a pending connection out of the epoll set and closes it.
   void forget(Iter it);
@@ -114,6 +140,7 @@ class Connector {
   Hello hello_for(int index) const;
 
   HelloExpect expect_;
+  std::shared_ptr<const core::tls::Context> tls_;
   core::Fd listener_;
   std::vector<PeerAddress> peers_;
   std::vector<bool> wanted_;

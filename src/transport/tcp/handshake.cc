@@ -53,17 +53,24 @@ HelloReader::State HelloReader::check_hello() {
   if (h.version != kProtocolVersion) return reject("protocol version " + std::to_string(h.version));
   // Token presence before identity: a rank of this job with a different RINGREDUCE_TOKEN
   // setting should be told that, not that it belongs elsewhere.
+  // TLS first: its hellos carry no proof whatever the token (the handshake after them checks
+  // certificates instead).
+  if (e.encrypt == Encrypt::tls && !tls_auth(h.auth))
+    return reject("connects without TLS (RINGREDUCE_ENCRYPT=tls here, not there?)");
+  if (e.encrypt != Encrypt::tls && tls_auth(h.auth))
+    return reject("connects with TLS (RINGREDUCE_ENCRYPT=tls there, not here?)");
   if (h.auth == kHelloAuthNone && !e.token.empty())
     return reject("sent no proof of the token (RINGREDUCE_TOKEN is set here, not there?)");
-  if (h.auth != kHelloAuthNone && e.token.empty())
+  if (h.auth != kHelloAuthNone && !tls_auth(h.auth) && e.token.empty())
     return reject("offers a token proof, but RINGREDUCE_TOKEN is not set here");
-  if (h.auth != kHelloAuthNone && h.auth != kHelloAuthHmac && !encrypted_auth(h.auth))
+  if (h.auth != kHelloAuthNone && h.auth != kHelloAuthHmac && !encrypted_auth(h.auth) &&
+      !tls_auth(h.auth))
     return reject("unknown authentication method " + std::to_string(h.auth));
   // Encryption before identity too: a rank that would read our records as plaintext (or send
   // its own in the clear) is refused at its hello, saying which setting differs.
-  if (h.auth == kHelloAuthHmac && e.encrypt)
+  if (h.auth == kHelloAuthHmac && e.encrypt == Encrypt::psk)
     return reject("connects without encryption (RINGREDUCE_ENCRYPT=psk here, not there?)");
-  if (encrypted_auth(h.auth) && !e.encrypt)
+  if (encrypted_auth(h.auth) && e.encrypt != Encrypt::psk)
     return reject("connects encrypted (RINGREDUCE_ENCRYPT=psk there, not here?)");
   if (h.comm_id != e.comm_id) return reject("belongs to another communicator");
   if (h.world_size != e.size) return reject("world size " + std::to_string(h.world_size));
@@ -93,21 +100,23 @@ HelloReader::State HelloReader::reject(std::string why) {
   return state_ = State::rejected;
 }
 
-uint32_t hello_auth(const std::string& token, bool encrypt) {
+uint32_t hello_auth(const std::string& token, Encrypt encrypt) {
+  const bool aes = core::aead::preferred_cipher() == core::aead::Cipher::aes_256_gcm;
+  if (encrypt == Encrypt::tls) return aes ? kHelloAuthTls : kHelloAuthTlsChacha;
   if (token.empty()) return kHelloAuthNone;
-  if (!encrypt) return kHelloAuthHmac;
-  return core::aead::preferred_cipher() == core::aead::Cipher::aes_256_gcm ? kHelloAuthHmacAead
-                                                                           : kHelloAuthHmacChacha;
+  if (encrypt == Encrypt::off) return kHelloAuthHmac;
+  return aes ? kHelloAuthHmacAead : kHelloAuthHmacChacha;
 }
 
 core::aead::Cipher connection_cipher(uint32_t connector_auth, uint32_t acceptor_auth) {
-  return connector_auth == kHelloAuthHmacAead && acceptor_auth == kHelloAuthHmacAead
-             ? core::aead::Cipher::aes_256_gcm
-             : core::aead::Cipher::chacha20_poly1305;
+  auto aes = [](uint32_t a) { return a == kHelloAuthHmacAead || a == kHelloAuthTls; };
+  return aes(connector_auth) && aes(acceptor_auth) ? core::aead::Cipher::aes_256_gcm
+                                                   : core::aead::Cipher::chacha20_poly1305;
 }
 
 std::vector<uint8_t> connector_hello(Hello mine, const std::string& token,
-                                     const Nonce& acceptor_nonce, Nonce* own_nonce, bool encrypt) {
+                                     const Nonce& acceptor_nonce, Nonce* own_nonce,
+                                     Encrypt encrypt) {
   mine.auth = hello_auth(token, encrypt);
   std::vector<uint8_t> out(bytes_of(mine).begin(), bytes_of(mine).end());
   if (token.empty()) return out;
@@ -121,7 +130,7 @@ std::vector<uint8_t> connector_hello(Hello mine, const std::string& token,
 
 std::vector<uint8_t> acceptor_hello(const HelloReader& accepted, Hello mine,
                                     const std::string& token, const Nonce& own_nonce,
-                                    bool encrypt) {
+                                    Encrypt encrypt) {
   mine.auth = hello_auth(token, encrypt);
   std::vector<uint8_t> out(bytes_of(mine).begin(), bytes_of(mine).end());
   if (token.empty()) return out;
@@ -133,19 +142,22 @@ std::vector<uint8_t> acceptor_hello(const HelloReader& accepted, Hello mine,
 
 std::string check_acceptor_hello(const uint8_t* data, size_t len, const Hello& mine, int peer,
                                  const std::string& token, const Nonce& acceptor_nonce,
-                                 const Nonce& own_nonce, bool encrypt) {
+                                 const Nonce& own_nonce, Encrypt encrypt) {
   if (len != acceptor_hello_bytes(token)) return "answered with a hello of the wrong length";
   Hello h;
   std::memcpy(&h, data, sizeof h);
   if (h.magic != kHelloMagic || h.version != kProtocolVersion || h.comm_id != mine.comm_id ||
       h.rank != peer || h.world_size != mine.world_size || h.channel != mine.channel)
     return "answered with a wrong hello";
+  if (encrypt == Encrypt::tls)
+    return tls_auth(h.auth) ? "" : "answered without TLS (RINGREDUCE_ENCRYPT differs there?)";
+  if (tls_auth(h.auth)) return "answered with TLS (RINGREDUCE_ENCRYPT=tls there?)";
   if (token.empty()) return "";
   Hello sent = mine;
   sent.auth = hello_auth(token, encrypt);
   const Proof want =
       core::auth::make_proof(token, kAcceptorLabel, both(sent, h), own_nonce, acceptor_nonce);
-  if ((encrypt ? !encrypted_auth(h.auth) : h.auth != sent.auth) ||
+  if ((encrypt == Encrypt::psk ? !encrypted_auth(h.auth) : h.auth != sent.auth) ||
       !core::auth::proofs_equal(
           want, std::span<const uint8_t>(data + sizeof(Hello), core::auth::kProofBytes)))
     return "answered without a valid proof of the token (RINGREDUCE_TOKEN differs?)";

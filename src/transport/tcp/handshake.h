@@ -18,7 +18,9 @@
 // connection are not protected (an attacker on the path could read or alter them); with
 // RINGREDUCE_ENCRYPT=psk (kHelloAuthHmacAead, bound into both proofs) every byte after the hellos
 // travels in records sealed under keys derived from the token and both nonces
-// (secure_channel.h), and a rank whose setting differs is refused at the hello.
+// (secure_channel.h), and a rank whose setting differs is refused at the hello. With
+// RINGREDUCE_ENCRYPT=tls the hellos carry no proof (kHelloAuthTls): a TLS 1.3 handshake with
+// certificates follows them, and its exported keys seal the records.
 #pragma once
 
 #include <cstddef>
@@ -32,6 +34,10 @@
 
 namespace ringreduce::transport::tcp {
 
+// RINGREDUCE_ENCRYPT: what follows the hellos. psk: records under keys from the token and both
+// nonces; tls: a TLS 1.3 handshake (core/tls_keys.h), then records under keys it exports.
+enum class Encrypt : uint8_t { off, psk, tls };
+
 constexpr size_t kConnectorAuthBytes = core::auth::kNonceBytes + core::auth::kProofBytes;
 constexpr size_t kAcceptorAuthBytes = core::auth::kProofBytes;
 
@@ -40,10 +46,10 @@ struct HelloExpect {
   uint64_t comm_id = 0;
   int rank = 0;  // the acceptor; connectors are any other rank
   int size = 1;
-  int channels = 1;           // connections per peer
-  std::string token;          // empty: no authentication
-  bool encrypt = false;       // RINGREDUCE_ENCRYPT=psk (with a token): kHelloAuthHmacAead
-  core::auth::Nonce nonce{};  // the acceptor's published nonce (with a token)
+  int channels = 1;                // connections per peer
+  std::string token;               // empty: no authentication
+  Encrypt encrypt = Encrypt::off;  // RINGREDUCE_ENCRYPT (tls: hellos carry no proof, token empty)
+  core::auth::Nonce nonce{};       // the acceptor's published nonce (with a token)
 };
 
 // The acceptor's side of one connection's hello, fed bytes as they arrive. Bounded: it never
@@ -81,12 +87,12 @@ class HelloReader {
 // nonce (a fresh one is stored in *own_nonce) and its proof for the acceptor's nonce.
 std::vector<uint8_t> connector_hello(Hello mine, const std::string& token,
                                      const core::auth::Nonce& acceptor_nonce,
-                                     core::auth::Nonce* own_nonce, bool encrypt = false);
+                                     core::auth::Nonce* own_nonce, Encrypt encrypt = Encrypt::off);
 
 // What an acceptor answers to a hello its reader accepted.
 std::vector<uint8_t> acceptor_hello(const HelloReader& accepted, Hello mine,
                                     const std::string& token, const core::auth::Nonce& own_nonce,
-                                    bool encrypt = false);
+                                    Encrypt encrypt = Encrypt::off);
 
 // Bytes of the acceptor's answer.
 inline size_t acceptor_hello_bytes(const std::string& token) {
@@ -97,10 +103,11 @@ inline size_t acceptor_hello_bytes(const std::string& token) {
 // communicator and, with a token, proves the token; else why not.
 std::string check_acceptor_hello(const uint8_t* data, size_t len, const Hello& mine, int peer,
                                  const std::string& token, const core::auth::Nonce& acceptor_nonce,
-                                 const core::auth::Nonce& own_nonce, bool encrypt = false);
+                                 const core::auth::Nonce& own_nonce,
+                                 Encrypt encrypt = Encrypt::off);
 
 // The auth field of this rank's hellos.
-uint32_t hello_auth(const std::string& token, bool encrypt);
+uint32_t hello_auth(const std::string& token, Encrypt encrypt);
 // The cipher of an encrypted connection whose hellos carried these auth fields.
 core::aead::Cipher connection_cipher(uint32_t connector_auth, uint32_t acceptor_auth);
 

@@ -37,9 +37,12 @@ void check_settings(const core::Config& config) {
     throw InvalidArgument(
         "RINGREDUCE_ENCRYPT=psk needs RINGREDUCE_TOKEN (its keys are derived from the token)");
   if (e == "tls")
-    throw InvalidArgument(
-        "RINGREDUCE_ENCRYPT=tls is not built yet (issue 45): use psk with RINGREDUCE_TOKEN");
-  if (e == "psk") core::auth::require_crypto();
+    for (const char* f : {"RINGREDUCE_TLS_KEY", "RINGREDUCE_TLS_CERT", "RINGREDUCE_TLS_CA"})
+      if (config.str(f).empty())
+        throw InvalidArgument(std::string("RINGREDUCE_ENCRYPT=tls needs ") + f +
+                              " (this rank's key and certificate, and the CA its peers' are "
+                              "signed by, as PEM files)");
+  if (e != "off") core::auth::require_crypto();
 }
 
 std::unique_ptr<KindListener> listen(const core::Config& config, const std::string& token,

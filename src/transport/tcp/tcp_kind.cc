@@ -58,14 +58,23 @@ TcpKind::TcpKind(TcpOptions opts, const core::Config& config) : opts_(std::move(
   expect.rank = opts_.rank;
   expect.size = opts_.size;
   expect.channels = stride();
-  expect.token = config.str("RINGREDUCE_TOKEN");
-  expect.encrypt = config.str("RINGREDUCE_ENCRYPT") == "psk";
+  const std::string encrypt = config.str("RINGREDUCE_ENCRYPT");
+  expect.encrypt = encrypt == "psk" ? Encrypt::psk : encrypt == "tls" ? Encrypt::tls : Encrypt::off;
+  // With certificates the hellos carry no proof of the token: the TLS handshake after them
+  // authenticates both ends.
+  expect.token = expect.encrypt == Encrypt::tls ? "" : config.str("RINGREDUCE_TOKEN");
   expect.nonce = opts_.nonce;
+  std::shared_ptr<const core::tls::Context> tls;
+  if (expect.encrypt == Encrypt::tls)
+    tls = std::make_shared<const core::tls::Context>(
+        core::tls::Files{config.str("RINGREDUCE_TLS_KEY"), config.str("RINGREDUCE_TLS_CERT"),
+                         config.str("RINGREDUCE_TLS_CA")});
   connector_ = std::make_unique<Connector>(
       expect, std::move(opts_.listener), read_addresses(config), connect_, epoll_.get(),
       [this](int peer, int index, core::Fd fd, std::unique_ptr<SecureChannel> secure) {
         attach(peer, index, std::move(fd), std::move(secure));
-      });
+      },
+      std::move(tls));
   size_t n = 0;
   for (bool c : connect_) n += c ? 1 : 0;
   RR_LOG(info, net, opts_.rank, n, " peers over TCP, connected on first use, ", opts_.channels,

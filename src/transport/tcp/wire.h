@@ -37,6 +37,13 @@ inline constexpr uint32_t kHelloAuthHmacChacha = 3;  // prefers ChaCha20-Poly130
 inline bool encrypted_auth(uint32_t auth) {
   return auth == kHelloAuthHmacAead || auth == kHelloAuthHmacChacha;
 }
+// No proof: a TLS 1.3 handshake with certificates follows the hellos (RINGREDUCE_ENCRYPT=tls),
+// whose exported keys seal the records; the value says the cipher preferred, as above.
+inline constexpr uint32_t kHelloAuthTls = 4;        // prefers AES-256-GCM
+inline constexpr uint32_t kHelloAuthTlsChacha = 5;  // prefers ChaCha20-Poly1305
+inline bool tls_auth(uint32_t auth) {
+  return auth == kHelloAuthTls || auth == kHelloAuthTlsChacha;
+}
 
 enum FrameType : uint16_t {
   kFrameData = 1,
