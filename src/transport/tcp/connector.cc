@@ -62,7 +62,12 @@ Connector::Connector(const HelloExpect& expect, core::Fd listener, std::vector<P
     throw Error(std::string("epoll_ctl failed: ") + strerror(errno));
 }
 
-Connector::~Connector() = default;
+Connector::~Connector() {
+  // Handshakes under way end at once on sockets shut down, so that joining their threads (as
+  // pending_ goes) does not wait for a silent peer's deadline.
+  for (Pending& p : pending_)
+    if (p.tls && p.fd.valid()) ::shutdown(p.fd.get(), SHUT_RDWR);
+}
 
 void Connector::close_all() {
   while (!pending_.empty()) forget(pending_.begin());
