@@ -4,6 +4,9 @@
 // reached by the peers through pidfd_getfd.
 #include "transport/device/device_entry.h"
 
+#include <fstream>
+
+#include "core/log.h"
 #include "core/pidfd.h"
 #include "reduce/device_runtime.h"
 #include "ringreduce/error.h"
@@ -11,6 +14,13 @@
 
 namespace ringreduce::transport::device {
 namespace {
+
+// Yama's ptrace scope (0 where Yama is absent).
+int ptrace_scope() {
+  std::ifstream f("/proc/sys/kernel/yama/ptrace_scope");
+  int v = 0;
+  return f >> v ? v : 0;
+}
 
 void check_settings(const core::Config& config) {
   if (const std::string v = config.str("RINGREDUCE_DEVICE_LINKS");
@@ -33,6 +43,19 @@ std::unique_ptr<KindListener> listen(const core::Config& config, const std::stri
       throw InvalidArgument(
           "RINGREDUCE_DEVICE_LINKS=1, but this process uses no GPU (no CUDA context when the "
           "communicator was made)");
+    return nullptr;
+  }
+  // The peers take this rank's doorbell and inboxes with pidfd_getfd, which Yama's ptrace_scope
+  // >= 1 (Ubuntu's default) refuses between sibling processes: then auto stays off (staging
+  // serves), and 1 says why rather than failing at the first connection.
+  if (const int scope = ptrace_scope(); scope > 0) {
+    if (v == "1")
+      throw InvalidArgument("RINGREDUCE_DEVICE_LINKS=1, but kernel.yama.ptrace_scope is " +
+                            std::to_string(scope) +
+                            " here, which keeps the host's ranks from taking each other's "
+                            "descriptors (pidfd_getfd): set it to 0, or use 0/auto to stage");
+    RR_LOG(info, init, -1, "device links off: kernel.yama.ptrace_scope is ", scope,
+           " (the ranks could not take each other's descriptors); device buffers are staged");
     return nullptr;
   }
   return std::make_unique<DeviceListener>();

@@ -86,7 +86,6 @@ DeviceKind::DeviceKind(const DeviceOptions& options, const core::Deadline& deadl
     throw Error(std::string("device links: sizing the control block: ") + std::strerror(errno));
   block_ = map_block(block_fd_.get(), bytes, "this rank's control block");
   device_ = runtime_.current_device();
-  stream_ = runtime_.create_stream();
   peers_.resize(static_cast<size_t>(opts_.size));
   for (int q : opts_.peers) {
     Published pub;
@@ -115,6 +114,8 @@ DeviceKind::DeviceKind(const DeviceOptions& options, const core::Deadline& deadl
     links_.push_back(p->link.get());
     peers_[static_cast<size_t>(q)] = std::move(p);
   }
+  // Last: a constructor that throws above leaves no stream behind (the destructor would not run).
+  stream_ = runtime_.create_stream();
 }
 
 DeviceKind::~DeviceKind() {

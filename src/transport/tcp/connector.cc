@@ -169,7 +169,12 @@ void Connector::accept_all() {
                   ": could not accept a data connection: " + strerror(errno));
     }
     size_t incoming = 0;
-    for (const auto& q : pending_) incoming += q.phase == Pending::Phase::reading_hello ? 1 : 0;
+    // Handshakes under way count too (tls: a thread each): strangers cannot pile them up.
+    for (const auto& q : pending_)
+      incoming += q.phase == Pending::Phase::reading_hello ||
+                          (q.phase == Pending::Phase::tls && !q.tls->outgoing)
+                      ? 1
+                      : 0;
     if (incoming >= states_.size() + kSpareIncoming) {
       for (auto it = pending_.begin(); it != pending_.end(); ++it)
         if (it->phase == Pending::Phase::reading_hello) {
@@ -342,6 +347,10 @@ void Connector::start_tls(Iter it, int peer, int index) {
   p.peer = peer;
   p.index = index;
   p.phase = Pending::Phase::tls;
+  // An incoming connection's place is taken now, as if attached: this rank starts no connection
+  // of its own to the peer meanwhile, and a second incoming one is a duplicate. (Its queued sends
+  // wait for the attach.) A failed handshake gives the place back.
+  if (!outgoing) state(peer, index) = State::attached;
   TlsRun* r = run.get();
   const int fd = p.fd.get();
   const auto context = key_context(outgoing, peer, index);
@@ -381,10 +390,16 @@ void Connector::finish_tls(Iter it) {
     // refusal is the peer's failure, named now. An incoming one may be a stranger's: dropped.
     if (outgoing)
       throw PeerError("TLS handshake with rank " + std::to_string(peer) + " failed: " + why, peer);
-    return drop(it,
-                "TLS handshake with a connection claiming to be rank " + std::to_string(peer) +
-                    " failed: " + why,
-                false);
+    drop(it,
+         "TLS handshake with a connection claiming to be rank " + std::to_string(peer) +
+             " failed: " + why,
+         false);
+    // Its place back, and a connection of this rank's own instead: sends queued meanwhile (or
+    // an attempt withdrawn for it) must not wait on a stranger. A rank whose certificate is bad
+    // refuses this one too, and is named then.
+    state(peer, index) = State::none;
+    connect(peer, index);
+    return;
   }
   Hello answer;
   std::memcpy(&answer, p.answer, sizeof answer);

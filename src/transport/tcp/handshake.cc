@@ -101,7 +101,9 @@ HelloReader::State HelloReader::reject(std::string why) {
 }
 
 uint32_t hello_auth(const std::string& token, Encrypt encrypt) {
-  const bool aes = core::aead::preferred_cipher() == core::aead::Cipher::aes_256_gcm;
+  // ChaCha20 only where this libcrypto has it (an OpenSSL built without it still has AES-GCM).
+  const bool aes = core::aead::preferred_cipher() == core::aead::Cipher::aes_256_gcm ||
+                   !core::aead::cipher_available(core::aead::Cipher::chacha20_poly1305);
   if (encrypt == Encrypt::tls) return aes ? kHelloAuthTls : kHelloAuthTlsChacha;
   if (token.empty()) return kHelloAuthNone;
   if (encrypt == Encrypt::off) return kHelloAuthHmac;

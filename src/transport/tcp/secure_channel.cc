@@ -6,6 +6,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "ringreduce/error.h"
 
@@ -43,6 +44,8 @@ ssize_t SecureChannel::send(int fd, const iovec* iov, int n) {
       if (f == 0) errno = EAGAIN;
       return -1;
     }
+    // The record is all out now: its plaintext (the caller's first bytes, offered again) counts.
+    return static_cast<ssize_t>(std::exchange(pending_taken_, 0));
   }
   // Up to one record's plaintext from the iovecs, sealed as it is read from them straight into
   // the record behind its header: one pass over the caller's bytes, as the socket's own copy.
@@ -67,8 +70,16 @@ ssize_t SecureChannel::send(int fd, const iovec* iov, int n) {
   sealer_.end(std::span<uint8_t, core::aead::kTagBytes>(body + taken, core::aead::kTagBytes));
   out_len_ = sizeof h + taken + core::aead::kTagBytes;
   out_done_ = 0;
-  // The plaintext is taken once sealed; what the socket does not take now goes with flush().
-  if (flush(fd) < 0) return -1;
+  // The plaintext counts as sent only once its whole record is on the socket (as a socket's own
+  // buffer takes it), so that the caller's send is not done while its bytes wait here: a
+  // record the socket did not take all of is finished by the next send() with the same bytes.
+  const int f = flush(fd);
+  if (f < 0) return -1;
+  if (f == 0) {
+    pending_taken_ = taken;
+    errno = EAGAIN;
+    return -1;
+  }
   return static_cast<ssize_t>(taken);
 }
 

@@ -10,7 +10,8 @@
 // tag), fails the connection with core::aead::FrameError saying which, never as data.
 //
 // Non-blocking, like the socket: send() seals one record from the caller's bytes and writes what
-// the socket takes (the rest stays sealed here until flush()); recv() reads one record at a time,
+// the socket takes (the rest stays sealed here, and the bytes count as sent once all of it is
+// out); recv() reads one record at a time,
 // only once the caller has room for its whole plaintext (so that the channel never holds
 // plaintext the caller has not taken while the socket is empty, which level-triggered epoll would
 // then never report again).
@@ -22,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <utility>
 
 #include "core/aead.h"
 
@@ -45,13 +47,18 @@ class SecureChannel {
   explicit SecureChannel(const core::aead::SessionKeys& keys);
 
   // Like sendmsg(fd, {iov, n}, MSG_NOSIGNAL | MSG_DONTWAIT) for plaintext: returns the bytes of
-  // the iovecs taken (sealed, whether or not the socket took all of the record yet), or -1 with
-  // errno (EAGAIN: a record sealed earlier is still being written; nothing taken).
+  // the iovecs taken once their record is all on the socket, or -1 with errno (EAGAIN: the
+  // socket is full). A record the socket took only part of stays here, and the next call, which
+  // must offer the same bytes first (the caller has not counted them), writes its rest and then
+  // returns its count.
   ssize_t send(int fd, const iovec* iov, int n);
   // Writes what is sealed and not yet on the socket: 1 when nothing is left, 0 when the socket is
   // full, -1 with errno on an error.
   int flush(int fd);
   bool pending() const { return out_len_ > out_done_; }
+  // After a flush() that emptied it: the plaintext bytes of the record it finished, which no
+  // send() has counted yet (0 if none); counted now.
+  size_t take_flushed() { return pending() ? 0 : std::exchange(pending_taken_, 0); }
 
   // Like recv(fd, dst, room, MSG_DONTWAIT) for plaintext: the bytes put into dst (a whole record,
   // at most room), 0 when the peer closed the connection at a record's boundary, -1 with errno
@@ -68,6 +75,7 @@ class SecureChannel {
   core::aead::Opener opener_;
   std::unique_ptr<uint8_t[]> out_;  // one sealed record being written
   size_t out_len_ = 0, out_done_ = 0;
+  size_t pending_taken_ = 0;       // plaintext of the record in out_, not yet counted
   std::unique_ptr<uint8_t[]> in_;  // one record being read (header, ciphertext, tag)
   size_t in_got_ = 0;
   RecordHeader in_header_;

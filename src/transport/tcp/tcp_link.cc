@@ -69,13 +69,11 @@ ssize_t TcpLink::io_recv(void* dst, size_t room) {
     return secure_->recv(fd_.get(), dst, room);
   } catch (const core::aead::FrameError& e) {
     // Someone on the path changed the stream (or the peer is not who it claims): nothing of the
-    // record was delivered, and the link cannot go on.
-    failed_ = true;
+    // record was delivered, and the op fails; the abort that follows still tells the peer.
     throw PeerError("data from rank " + std::to_string(peer_) +
                         " failed its integrity check (RINGREDUCE_ENCRYPT): " + e.what(),
                     peer_);
   } catch (const Error& e) {
-    failed_ = true;
     throw PeerError("data from rank " + std::to_string(peer_) + ": " + e.what(), peer_);
   }
 }
@@ -105,7 +103,14 @@ uint32_t TcpLink::wanted_events() const {
   uint32_t ev = 0;
   // Keep reading while the inbox has room: that is how an abort notice from the peer is seen even
   // when no receive is posted. A full inbox with nothing to drain it waits for a post.
-  if (inbox_end_ < kInboxBytes || inbox_begin_ > 0 || !recvs_.empty()) ev |= EPOLLIN;
+  // Encrypted, a record is read only once the inbox has room for all of it: with no receive to
+  // drain the inbox, reading waits for one (else the socket would be reported readable, and
+  // nothing read, on every pass).
+  const bool room_for_record =
+      !secure_ || kInboxBytes - (inbox_end_ - inbox_begin_) >= secure_->next_record_bytes();
+  if ((inbox_end_ < kInboxBytes || inbox_begin_ > 0 || !recvs_.empty()) &&
+      (room_for_record || !recvs_.empty()))
+    ev |= EPOLLIN;
   if (!sends_.empty() && sends_.front().written < writable_prefix(sends_.front())) ev |= EPOLLOUT;
   // A record sealed and not yet all on the socket (its frames already count as written).
   if (secure_ && secure_->pending()) ev |= EPOLLOUT;
@@ -213,15 +218,6 @@ size_t TcpLink::frame_iovecs(SendOp& op, size_t limit, iovec* iov, int* n, bool*
 
 void TcpLink::on_writable() {
   size_t budget = kIoBudget;
-  if (secure_ && secure_->pending()) {
-    const int f = secure_->flush(fd_.get());
-    if (f == 0) return;
-    if (f < 0) {
-      const int err = errno;
-      read_pending_notice();
-      peer_failed("closed the connection", err);
-    }
-  }
   while (!sends_.empty() && sends_.front().written < writable_prefix(sends_.front()) &&
          budget > 0) {
     // Gather as many queued frames as fit in one sendmsg: small messages then cost one syscall

@@ -155,8 +155,27 @@ void TcpLink::fail(int code, int blamed_rank, const std::string& reason) {
     failed_ = true;
     return;
   }
+  if (secure_ && secure_->pending()) {
+    // A record the socket took only part of: its rest first (a few tries, never blocking), and
+    // its bytes then count as written, so that the frame it ends in is finished below or known
+    // to be cut; a record cut short would leave no place for the notice.
+    for (int attempt = 0; attempt < 8 && secure_->pending(); ++attempt)
+      if (secure_->flush(fd_.get()) < 0) break;
+    if (!secure_->pending()) {
+      size_t w = secure_->take_flushed();
+      for (auto it = sends_.begin(); w > 0 && it != sends_.end(); ++it) {
+        const size_t take = std::min(w, sizeof(FrameHeader) + it->bytes - it->written);
+        it->written += take;
+        w -= take;
+      }
+      while (!sends_.empty() &&
+             sends_.front().written == sizeof(FrameHeader) + sends_.front().bytes)
+        sends_.pop_front();
+    }
+  }
   if (!sends_.empty() && sends_.front().written > 0) finish_frame_for_notice();
-  const bool mid_frame = !sends_.empty() && sends_.front().written > 0;
+  const bool mid_frame =
+      (secure_ && secure_->pending()) || (!sends_.empty() && sends_.front().written > 0);
   if (mid_frame) {
     // A partial frame cannot be followed by a notice; the peer will see the stream end instead
     // (and blame this rank, not the cause).
