@@ -52,6 +52,14 @@ def recv_exact(sock, n):
     return buf
 
 
+def shut(*socks):
+    for s in socks:
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
 def pump(src, dst):
     """Bytes from src to dst until either closes."""
     try:
@@ -62,11 +70,7 @@ def pump(src, dst):
             dst.sendall(data)
     except OSError:
         pass
-    for s in (src, dst):
-        try:
-            s.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+    shut(src, dst)
 
 
 def tamper(src, dst):
@@ -122,11 +126,7 @@ def tamper(src, dst):
             k += 1
     except OSError:
         pass
-    for s in (src, dst):
-        try:
-            s.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+    shut(src, dst)
 
 
 def serve(client):

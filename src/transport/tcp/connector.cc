@@ -310,6 +310,15 @@ std::array<uint8_t, 20> Connector::key_context(bool outgoing, int peer, int inde
   return c;
 }
 
+core::aead::Cipher Connector::cipher_of(const Pending& p, bool outgoing) const {
+  // Each side's hello says the cipher its CPU prefers: the connector's answer or the reader's.
+  const uint32_t mine = hello_auth(expect_.token, expect_.encrypt);
+  if (!outgoing) return connection_cipher(p.reader.hello().auth, mine);
+  Hello answer;
+  std::memcpy(&answer, p.answer, sizeof answer);
+  return connection_cipher(mine, answer.auth);
+}
+
 void Connector::hellos_done(Iter it, int peer, int index) {
   if (expect_.encrypt == Encrypt::tls) return start_tls(it, peer, index);
   if (expect_.encrypt == Encrypt::off) return hand_over(it, peer, index);
@@ -318,11 +327,7 @@ void Connector::hellos_done(Iter it, int peer, int index) {
   const bool outgoing = it->phase == Pending::Phase::awaiting_answer;
   const core::auth::Nonce& cn = outgoing ? it->nonce : it->reader.peer_nonce();
   const core::auth::Nonce& an = outgoing ? peers_[static_cast<size_t>(peer)].nonce : expect_.nonce;
-  Hello answer;
-  std::memcpy(&answer, it->answer, sizeof answer);
-  const uint32_t mine = hello_auth(expect_.token, expect_.encrypt);
-  const core::aead::Cipher cipher = outgoing ? connection_cipher(mine, answer.auth)
-                                             : connection_cipher(it->reader.hello().auth, mine);
+  const core::aead::Cipher cipher = cipher_of(*it, outgoing);
   const auto context = key_context(outgoing, peer, index);
   hand_over(it, peer, index,
             std::make_unique<SecureChannel>(core::aead::derive_keys(
@@ -401,11 +406,7 @@ void Connector::finish_tls(Iter it) {
     connect(peer, index);
     return;
   }
-  Hello answer;
-  std::memcpy(&answer, p.answer, sizeof answer);
-  const uint32_t mine = hello_auth(expect_.token, expect_.encrypt);
-  const core::aead::Cipher cipher = outgoing ? connection_cipher(mine, answer.auth)
-                                             : connection_cipher(p.reader.hello().auth, mine);
+  const core::aead::Cipher cipher = cipher_of(p, outgoing);
   const auto context = key_context(outgoing, peer, index);
   auto secure = std::make_unique<SecureChannel>(core::aead::derive_keys_from_secret(
       p.tls->secret.bytes, "ringreduce data connection", context,

@@ -133,6 +133,8 @@ class Connector {
   // What binds a connection's keys: the communicator, the connector's and the acceptor's ranks,
   // the channel.
   std::array<uint8_t, 20> key_context(bool outgoing, int peer, int index) const;
+  // The cipher both hellos agree on (connection_cipher).
+  core::aead::Cipher cipher_of(const Pending& p, bool outgoing) const;
   void drop(Iter it, const std::string& why, bool quiet);
   // Takes a pending connection out of the epoll set and closes it.
   void forget(Iter it);
