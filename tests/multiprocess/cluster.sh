@@ -26,9 +26,10 @@
 #             between): a rank SIGKILLed inside an allreduce (shrink_rank.cc); the survivors shrink
 #             and go on exactly, from the kill to the first exact allreduce in under 2 s, and
 #             leave no descriptor or thread behind
-#   mitm      3 hosts, RINGREDUCE_ENCRYPT=psk: a relay in host 1's namespace (mitm_relay.py, host
-#             1's connections to host 2 sent to it by nftables) flips a bit of, replays, drops or
-#             reorders one record; every rank names it, no wrong value is delivered
+#   mitm      3 hosts, RINGREDUCE_ENCRYPT=psk, then =tls (certificates made for the run): relays
+#             in hosts 1 and 2's namespaces (mitm_relay.py, their connections to each other sent
+#             through them by nftables) flip a bit of, replay, drop or reorder one record host 1
+#             sends to host 2; every rank names it, no wrong value is delivered
 #   loss      3 hosts, 5% of the frames dropped each way on host 2's link (scripts/cluster loss):
 #             allreduces of every dtype and several sizes must come out right, with the drops
 #             counted and TCP seen retransmitting
@@ -61,10 +62,17 @@ ip netns del "$probe"
 
 work=$(mktemp -d)
 runner=""  # a launch running in the background, stopped (with its ranks) on the way out
+relays=""  # the mitm case's relays while they run, stopped on the way out
 cleanup() {
   if [ -n "$runner" ] && kill -0 "$runner" 2>/dev/null; then
     kill -TERM "$runner"
     wait "$runner" 2>/dev/null
+  fi
+  if [ -n "$relays" ]; then
+    # shellcheck disable=SC2086
+    kill $relays 2>/dev/null
+    # shellcheck disable=SC2086
+    wait $relays 2>/dev/null
   fi
   "$cluster" down
   [ -n "${RR_CHROOT:-}" ] && rmdir "$RR_CHROOT$work" 2>/dev/null  # the torchrun-elastic bind's mount point
@@ -459,55 +467,85 @@ case "$case_name" in
     # it (host 1's relay tampers with what its connector sends, host 2's with what its acceptor
     # answers). Every rank must fail its allreduce naming what happened (rank 2, the receiver,
     # first; ranks 0 and 1 through its notice), and no wrong value may be delivered
-    # (netfault_rank checks every element).
+    # (netfault_rank checks every element). Both modes of RINGREDUCE_ENCRYPT, with the same
+    # messages: psk (keys from RINGREDUCE_TOKEN), then tls (keys from a TLS 1.3 handshake with
+    # certificates, whose records the relays pass untouched: they must have seen it go by). The
+    # certificates are made for the run: a CA and one leaf signed by it that every rank presents.
     command -v nft >/dev/null || { echo "skipped: needs nftables (nft)"; exit 77; }
+    command -v openssl >/dev/null || { echo "skipped: needs the openssl CLI (tls's certificates)"; exit 77; }
+    tls=$work/tls
+    mkdir "$tls" || fail "mkdir $tls"
+    printf '%s\n' '[req]' 'distinguished_name = dn' 'prompt = no' '[dn]' 'CN = placeholder' \
+      '[v3_ca]' 'basicConstraints = critical,CA:TRUE' 'keyUsage = critical,keyCertSign,cRLSign' \
+      'subjectKeyIdentifier = hash' '[v3_leaf]' 'basicConstraints = CA:FALSE' \
+      'keyUsage = critical,digitalSignature' 'extendedKeyUsage = serverAuth,clientAuth' >"$tls/openssl.cnf"
+    ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
+    (cd "$tls" &&
+      timeout 30 openssl req -x509 -config openssl.cnf -extensions v3_ca "${ec[@]}" -keyout ca.key \
+        -out ca.crt -days 2 -subj /CN=ringreduce-mitm-ca &&
+      timeout 30 openssl req -new -config openssl.cnf "${ec[@]}" -keyout rank.key -out rank.csr \
+        -subj /CN=ringreduce-mitm-rank &&
+      timeout 30 openssl x509 -req -in rank.csr -CA ca.crt -CAkey ca.key -set_serial 2 -days 2 \
+        -extfile openssl.cnf -extensions v3_leaf -out rank.crt) >"$tls/openssl.log" 2>&1 ||
+      { cat "$tls/openssl.log"; fail "openssl: the run's certificates"; }
     "$cluster" up 3 --rate 10gbit || fail "cluster up"
     for h in 1 2; do
       me=10.213.77.$((h + 1)) other=10.213.77.$((3 - h + 1))
       printf '%s\n' "table ip mitm { chain out { type nat hook output priority -100; meta mark != 42 ip daddr $other meta l4proto tcp dnat to $me:40999; }; }" |
         ip netns exec "${CLUSTER_NAME}h$h" nft -f - || fail "nft: the relay's DNAT on host $h"
     done
-    for mode in flip replay drop reorder; do
-      case $mode in
-        flip) says="altered" ;;
-        replay) says="replayed" ;;
-        *) says="dropped or reordered" ;;
-      esac
-      rm -rf "$work/ready" "$work"/relay-up.* && mkdir "$work/ready"
-      relays=""
-      for h in 1 2; do
-        dir=c2s && [ $h = 2 ] && dir=s2c
-        "$cluster" exec $h -- python3 "$here/mitm_relay.py" $mode 10.213.77.$((h + 1)) 40999 300 42 \
-          "$work/relay-up.$h" $dir >"$work/relay.$mode.$h" 2>&1 &
-        relays+=" $!"
+    for encrypt in psk tls; do
+      if [ $encrypt = psk ]; then
+        env=(--env RINGREDUCE_TOKEN=mitm-token --env RINGREDUCE_ENCRYPT=psk)
+      else
+        env=(--env RINGREDUCE_ENCRYPT=tls --env "RINGREDUCE_TLS_KEY=$tls/rank.key"
+             --env "RINGREDUCE_TLS_CERT=$tls/rank.crt" --env "RINGREDUCE_TLS_CA=$tls/ca.crt")
+      fi
+      for mode in flip replay drop reorder; do
+        case $mode in
+          flip) says="altered" ;;
+          replay) says="replayed" ;;
+          *) says="dropped or reordered" ;;
+        esac
+        run=$encrypt.$mode
+        rm -rf "$work/ready" "$work"/relay-up.* && mkdir "$work/ready"
+        for h in 1 2; do
+          dir=c2s && [ $h = 2 ] && dir=s2c
+          "$cluster" exec $h -- python3 "$here/mitm_relay.py" $mode 10.213.77.$((h + 1)) 40999 300 42 \
+            "$work/relay-up.$h" $dir $encrypt >"$work/relay.$run.$h" 2>&1 &
+          relays+=" $!"
+        done
+        for _ in $(seq 1 100); do  # bounded: 10 s
+          [ -f "$work/relay-up.1" ] && [ -f "$work/relay-up.2" ] && break
+          sleep 0.1
+        done
+        [ -f "$work/relay-up.1" ] && [ -f "$work/relay-up.2" ] ||
+          { cat "$work"/relay.$run.*; fail "$run: the relays did not start"; }
+        "$cluster" run --timeout 60 "${env[@]}" --env RINGREDUCE_TIMEOUT=20 -- \
+          "$build/tests/multiprocess/netfault_rank" 1 30 "$work/ready" >"$work/out.$run" 2>&1
+        rc=$?
+        # shellcheck disable=SC2086
+        kill $relays 2>/dev/null
+        # shellcheck disable=SC2086
+        wait $relays 2>/dev/null
+        relays=""
+        cat "$work"/relay.$run.* | grep -q "mitm: $mode on record 300" ||
+          { cat "$work"/relay.$run.* "$work/out.$run"; fail "$run: no relay reached record 300"; }
+        # tls: the handshake's records went through the relay that tampered, untouched.
+        [ $encrypt = psk ] || cat "$work"/relay.$run.* | grep -q "mitm: [1-9][0-9]* TLS records passed" ||
+          { cat "$work"/relay.$run.* "$work/out.$run"; fail "$run: no TLS handshake seen before the records"; }
+        ! grep -q WRONG "$work/out.$run" || { cat "$work/out.$run"; fail "$run: a wrong value was delivered"; }
+        [ $rc -eq 0 ] || { cat "$work/out.$run"; fail "$run: a rank did not fail, or failed wrongly (rc $rc)"; }
+        grep -q "^\[2\] RESULT rank 2 PeerError peer 1 .*data from rank 1 failed its integrity check (RINGREDUCE_ENCRYPT): $says" \
+          "$work/out.$run" || { cat "$work/out.$run"; fail "$run: rank 2 did not name rank 1 and '$says'"; }
+        for r in 0 1; do
+          grep -q "^\[$r\] RESULT rank $r .*integrity check (RINGREDUCE_ENCRYPT): $says" "$work/out.$run" ||
+            { cat "$work/out.$run"; fail "$run: rank $r did not learn what happened"; }
+        done
+        grep "RESULT rank 2" "$work/out.$run" | cut -c1-220
       done
-      for _ in $(seq 1 100); do  # bounded: 10 s
-        [ -f "$work/relay-up.1" ] && [ -f "$work/relay-up.2" ] && break
-        sleep 0.1
-      done
-      [ -f "$work/relay-up.1" ] && [ -f "$work/relay-up.2" ] ||
-        { cat "$work"/relay.$mode.*; fail "$mode: the relays did not start"; }
-      "$cluster" run --timeout 60 --env RINGREDUCE_TOKEN=mitm-token --env RINGREDUCE_ENCRYPT=psk \
-        --env RINGREDUCE_TIMEOUT=20 -- "$build/tests/multiprocess/netfault_rank" 1 30 "$work/ready" \
-        >"$work/out.$mode" 2>&1
-      rc=$?
-      # shellcheck disable=SC2086
-      kill $relays 2>/dev/null
-      # shellcheck disable=SC2086
-      wait $relays 2>/dev/null
-      cat "$work"/relay.$mode.* | grep -q "mitm: $mode on record 300" ||
-        { cat "$work"/relay.$mode.* "$work/out.$mode"; fail "$mode: no relay reached record 300"; }
-      ! grep -q WRONG "$work/out.$mode" || { cat "$work/out.$mode"; fail "$mode: a wrong value was delivered"; }
-      [ $rc -eq 0 ] || { cat "$work/out.$mode"; fail "$mode: a rank did not fail, or failed wrongly (rc $rc)"; }
-      grep -q "^\[2\] RESULT rank 2 PeerError peer 1 .*data from rank 1 failed its integrity check (RINGREDUCE_ENCRYPT): $says" \
-        "$work/out.$mode" || { cat "$work/out.$mode"; fail "$mode: rank 2 did not name rank 1 and '$says'"; }
-      for r in 0 1; do
-        grep -q "^\[$r\] RESULT rank $r .*integrity check (RINGREDUCE_ENCRYPT): $says" "$work/out.$mode" ||
-          { cat "$work/out.$mode"; fail "$mode: rank $r did not learn what happened"; }
-      done
-      grep "RESULT rank 2" "$work/out.$mode" | cut -c1-220
+      echo "ok: $encrypt: a bit flipped, a record replayed, dropped, reordered on the way: every rank named it, no wrong value"
     done
-    echo "ok: a bit flipped, a record replayed, dropped, reordered on the way: every rank named it, no wrong value"
     ;;
   *) echo "unknown case $case_name"; exit 2 ;;
 esac
