@@ -13,6 +13,7 @@
 #include <string>
 
 #include "core/config.h"
+#include "core/security.h"
 #include "rendezvous/socket_util.h"
 #include "rendezvous/tcp_store.h"
 #include "tool_version.h"
@@ -90,7 +91,7 @@ int main(int argc, char** argv) {
   try {
     // The token comes from the environment, never the command line, where ps would show it.
     ringreduce::rendezvous::TcpStoreServer server(
-        host, port, ringreduce::core::Config().str("RINGREDUCE_TOKEN"));
+        host, port, ringreduce::core::security_settings(ringreduce::core::Config()));
     std::printf("listening on %s\n",
                 ringreduce::rendezvous::join_host_port(host, server.port()).c_str());
     std::fflush(stdout);

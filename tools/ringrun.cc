@@ -65,6 +65,7 @@
 
 #include "core/config.h"
 #include "core/fd.h"
+#include "core/security.h"
 #include "rendezvous/tcp_store.h"
 #include "ringrun_args.h"
 #include "ringrun_exec.h"
@@ -545,12 +546,13 @@ int run(int argc, char** argv) {
 
   // Node 0 hosts the store: alone on loopback, port 0 (its real port goes to the ranks); over
   // several nodes on --master's address, the one the other nodes' ranks were told. The ranks
-  // inherit RINGREDUCE_TOKEN from this environment and prove it to this store.
+  // inherit RINGREDUCE_TOKEN and RINGREDUCE_ENCRYPT (with its files) from this environment and
+  // meet this store with them.
   std::optional<ringreduce::rendezvous::TcpStoreServer> store;
   std::string store_addr = args->master.value_or("");
   if (args->hosts_store()) {
     store.emplace(args->master ? args->master_host : "127.0.0.1", args->master_port,
-                  ringreduce::core::Config().str("RINGREDUCE_TOKEN"));
+                  ringreduce::core::security_settings(ringreduce::core::Config()));
     if (!args->master) store_addr = "127.0.0.1:" + std::to_string(store->port());
   }
   // Declared after the store: ranks are killed and reaped before the store they use goes away.

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "rendezvous/socket_util.h"
 #include "rendezvous/tcp_store.h"
 #include "ringreduce/error.h"
 

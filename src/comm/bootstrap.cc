@@ -14,6 +14,7 @@
 #include "comm/device.h"
 #include "comm/errors.h"
 #include "core/log.h"
+#include "core/security.h"
 #include "rendezvous/join.h"
 #include "rendezvous/launch_env.h"
 #include "rendezvous/tcp_store.h"
@@ -120,10 +121,14 @@ std::exception_ptr CommImpl::startup_failed(const Error& e, const Options& optio
     const rendezvous::LaunchHints hints = rendezvous::launch_hints(config_);
     if (!hints.store_host.empty() && hints.store_port > 0) {
       try {
-        std::string token;
+        core::Security security;
         try {
-          token = config_.str("RINGREDUCE_TOKEN");
-        } catch (...) {
+          security = core::security_settings(config_);
+        } catch (...) {  // the token alone, as the settings allow
+          try {
+            security.token = config_.str("RINGREDUCE_TOKEN");
+          } catch (...) {
+          }
         }
         // Rank 0 was to host the store: host it now, for as long as the news takes.
         std::unique_ptr<rendezvous::TcpStoreServer> server;
@@ -135,12 +140,12 @@ std::exception_ptr CommImpl::startup_failed(const Error& e, const Options& optio
         if (hints.rank && *hints.rank == "0" && hosting != "0" && !hints.torch_store) {
           try {
             server = std::make_unique<rendezvous::TcpStoreServer>(hints.store_host,
-                                                                  hints.store_port, token);
+                                                                  hints.store_port, security);
           } catch (...) {  // someone else hosts it after all
           }
         }
         auto tcp = rendezvous::connect_store(hints.store_host, hints.store_port, hints.torch_store,
-                                             std::chrono::milliseconds(1000), token);
+                                             std::chrono::milliseconds(1000), security);
         std::string job;
         try {
           job = rendezvous::job_id(config_);
@@ -215,6 +220,8 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
   std::string store_host;
   int local_size = -1;
   const std::string token = st.token = config_.str("RINGREDUCE_TOKEN");
+  // The store's connections are protected as the data links are (issue 45).
+  const core::Security security = core::security_settings(config_);
   // Where the stall monitor gets its own store client (TCP launches), or the store to share.
   std::function<std::shared_ptr<Store>()> stall_store;
   if (from) {
@@ -266,12 +273,12 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
     if (rank_ == 0 && config_.str("RINGREDUCE_STORE_SERVER") != "0" && !launch.torch_store) {
       // Rank 0 hosts the store on the address it was given, so it is reachable where the others
       // will look for it.
-      store_server_ =
-          std::make_shared<rendezvous::TcpStoreServer>(launch.store_host, launch.store_port, token);
+      store_server_ = std::make_shared<rendezvous::TcpStoreServer>(launch.store_host,
+                                                                   launch.store_port, security);
     }
     // Under torchrun's agent store, torch's TCPStore is already there: every rank is its client.
     auto tcp = rendezvous::connect_store(launch.store_host, launch.store_port, launch.torch_store,
-                                         timeout_.load(), token);
+                                         timeout_.load(), security);
     // Under the job's own id where the launcher gives one, so that a store reused by several
     // jobs never mixes their keys.
     const std::string job = rendezvous::job_id(config_);
@@ -281,11 +288,11 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
     job_store_ = store_;
     // A client of its own with a short timeout: when the store's host is stuck, a stall report
     // must fail fast, not hold up the communicator's destruction for RINGREDUCE_TIMEOUT.
-    stall_store = [host = launch.store_host, port = launch.store_port, prefix, token,
+    stall_store = [host = launch.store_host, port = launch.store_port, prefix, security,
                    torch = launch.torch_store,
                    t = std::min(timeout_.load(), std::chrono::milliseconds(5000))] {
-      return std::make_shared<PrefixStore>(rendezvous::connect_store(host, port, torch, t, token),
-                                           prefix);
+      return std::make_shared<PrefixStore>(
+          rendezvous::connect_store(host, port, torch, t, security), prefix);
     };
     std::string which;
     if (launch.torch_store)
@@ -300,6 +307,11 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
              "which authenticates no one: the data connections prove the token, the store "
              "connections cannot (set RINGREDUCE_ADDR to a port of its own for a ringreduce "
              "store that does)");
+    if (launch.torch_store && rank_ == 0 && security.encrypt != core::Encrypt::off)
+      RR_LOG(warn, init, rank_, "RINGREDUCE_ENCRYPT=", core::encrypt_name(security.encrypt),
+             ", but the store is torchrun's agent store (torch's TCPStore), which encrypts "
+             "nothing: the data connections are encrypted, the store connections are not (set "
+             "RINGREDUCE_ADDR to a port of its own for a ringreduce store that is)");
   }
   stall_store_ = stall_store;
   store_host_ = store_host;

@@ -15,6 +15,7 @@
 #include "comm/comm_impl.h"
 #include "comm/errors.h"
 #include "core/log.h"
+#include "core/security.h"
 #include "rendezvous/launch_env.h"
 #include "ringreduce/error.h"
 
@@ -186,7 +187,7 @@ std::unique_ptr<CommImpl> CommImpl::join(const std::string& name, const Options&
     std::shared_ptr<Store> tcp;
     try {
       tcp = rendezvous::connect_store(hints.store_host, hints.store_port, hints.torch_store,
-                                      timeout, config.str("RINGREDUCE_TOKEN"));
+                                      timeout, core::security_settings(config));
     } catch (const Error& e) {
       std::rethrow_exception(with_prefix(e, me + ": the job's store: ", ""));
     }

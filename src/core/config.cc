@@ -22,7 +22,8 @@ const std::vector<SettingInfo>& all_settings() {
        "rendezvous store host:port (else MASTER_ADDR:MASTER_PORT); rank 0 hosts it"},
       {"RINGREDUCE_TOKEN", "", "shared secret that authenticates store and data connections"},
       {"RINGREDUCE_ENCRYPT", "off",
-       "encrypt and integrity-check TCP data connections: off, psk (keys from RINGREDUCE_TOKEN; "
+       "encrypt and integrity-check TCP data and store connections: off, psk (keys from "
+       "RINGREDUCE_TOKEN; "
        "AES-256-GCM or ChaCha20-Poly1305), tls (keys from a TLS 1.3 handshake with "
        "RINGREDUCE_TLS_KEY, _CERT, _CA)"},
       {"RINGREDUCE_TLS_KEY", "", "RINGREDUCE_ENCRYPT=tls: this rank's private key (PEM file)"},

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "rendezvous/socket_util.h"
 #include "rendezvous/tcp_store.h"
 #include "rendezvous/torch_store.h"
 #include "ringreduce/error.h"
@@ -275,9 +276,10 @@ LaunchHints launch_hints(const core::Config& config) noexcept {
 }
 
 std::shared_ptr<Store> connect_store(const std::string& host, int port, bool torch_store,
-                                     std::chrono::milliseconds timeout, const std::string& token) {
+                                     std::chrono::milliseconds timeout,
+                                     const core::Security& security) {
   if (torch_store) return connect_torch_store(host, port, timeout);
-  return connect_tcp_store(host, port, timeout, token);
+  return connect_tcp_store(host, port, timeout, security);
 }
 
 bool rounds_share_store() {

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "core/config.h"
+#include "core/security.h"
 #include "ringreduce/store.h"
 
 namespace ringreduce::rendezvous {
@@ -49,10 +50,12 @@ struct LaunchHints {
 };
 LaunchHints launch_hints(const core::Config& config) noexcept;
 
-// A client of the store at host:port: torch's TCPStore protocol where torch_store (the token
-// cannot apply: torch's store authenticates no one), else ringreduce's.
+// A client of the store at host:port: torch's TCPStore protocol where torch_store (the token and
+// RINGREDUCE_ENCRYPT cannot apply: torch's store authenticates and encrypts nothing), else
+// ringreduce's, protected as `security` says.
 std::shared_ptr<Store> connect_store(const std::string& host, int port, bool torch_store,
-                                     std::chrono::milliseconds timeout, const std::string& token);
+                                     std::chrono::milliseconds timeout,
+                                     const core::Security& security);
 
 // The job's own namespace in the store: RINGREDUCE_JOB_ID, else the launcher's job id
 // (torchrun's TORCHELASTIC_RUN_ID, Slurm's

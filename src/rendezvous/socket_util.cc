@@ -5,6 +5,8 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -150,6 +152,58 @@ core::Fd connect_with_retry(const std::string& name, std::chrono::milliseconds t
     std::this_thread::sleep_until(std::min(core::Clock::now() + backoff, deadline.at()));
     backoff = std::min(backoff * 2, kBackoffMax);
   }
+}
+
+void split_host_port(const std::string& addr, std::string* host, int* port) {
+  auto bad = [&](const std::string& why) {
+    return InvalidArgument("store address '" + addr + "' " + why +
+                           "; expected host:port, [ipv6]:port or an IPv6 address");
+  };
+  auto host_char_ok = [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+  };
+  auto parse_port = [&](const std::string& text) {
+    if (text.empty() || text.size() > 5 ||
+        !std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      throw bad("has port '" + text + "', which is not a number");
+    int p = std::stoi(text);
+    if (p > 65535) throw bad("has port " + text + ", which is above 65535");
+    return p;
+  };
+  if (addr.empty()) throw bad("is empty");
+  std::string h;
+  int p = -1;
+  if (addr.front() == '[') {
+    size_t close = addr.find(']');
+    if (close == std::string::npos) throw bad("has no closing ']'");
+    h = addr.substr(1, close - 1);
+    std::string rest = addr.substr(close + 1);
+    if (!rest.empty()) {
+      if (rest.front() != ':') throw bad("has '" + rest + "' after ']'");
+      p = parse_port(rest.substr(1));
+    }
+    in6_addr ignored{};
+    // A zone ("fe80::1%eth0") is not something inet_pton accepts; check the address part.
+    if (h.empty() || inet_pton(AF_INET6, h.substr(0, h.find('%')).c_str(), &ignored) != 1)
+      throw bad("has '" + h + "' in brackets, which is not an IPv6 address");
+  } else if (size_t colon = addr.find(':'); colon == std::string::npos) {
+    h = addr;  // a bare host; the caller supplies the port
+  } else if (addr.find(':', colon + 1) == std::string::npos) {
+    h = addr.substr(0, colon);
+    p = parse_port(addr.substr(colon + 1));
+  } else {
+    // Several colons and no brackets: only a whole IPv6 address makes sense.
+    in6_addr ignored{};
+    if (inet_pton(AF_INET6, addr.substr(0, addr.find('%')).c_str(), &ignored) != 1)
+      throw bad("is neither host:port nor an IPv6 address (write [ipv6]:port)");
+    h = addr;
+  }
+  if (h.empty()) throw bad("has no host");
+  if (addr.front() != '[' && h.find(':') == std::string::npos &&
+      !std::all_of(h.begin(), h.end(), host_char_ok))
+    throw bad("has host '" + h + "', which is not a host name or address");
+  *host = h;
+  *port = p;
 }
 
 }  // namespace ringreduce::rendezvous

@@ -29,6 +29,8 @@ AddrInfoList resolve_tcp(const std::string& host, int port, bool passive, std::s
 // "10.0.0.1:29500" or "[::1]:29500".
 std::string describe_address(const sockaddr* addr, socklen_t len);
 std::string join_host_port(const std::string& host, int port);
+// Splits "host:port", "[v6addr]:port" or "v6addr" forms; InvalidArgument on garbage.
+void split_host_port(const std::string& addr, std::string* host, int* port);
 
 // connect() on a non-blocking socket, waiting no later than deadline for it to finish. Returns ""
 // once connected, else the reason ("Connection refused", "connect timed out", ...).

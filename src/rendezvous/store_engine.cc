@@ -46,8 +46,25 @@ void StoreEngine::on_input(Conn& c, const uint8_t* data, size_t len) {
     c.in.clear();
     c.in_off = 0;
   }
-  c.in.insert(c.in.end(), data, data + len);
-  if (!token_.empty() && (c.state == Conn::State::hello || c.state == Conn::State::auth) &&
+  if (c.records) {
+    // Sealed: only whole records that pass their check become input; what a record did to the
+    // stream (replayed, dropped, reordered, altered) is said, and the client is dropped.
+    if (c.sealed_off > 0 && c.sealed_off == c.sealed_in.size()) {
+      c.sealed_in.clear();
+      c.sealed_off = 0;
+    }
+    c.sealed_in.insert(c.sealed_in.end(), data, data + len);
+    try {
+      c.records->open_all(c.sealed_in, &c.sealed_off, &c.in);
+    } catch (const std::exception& e) {
+      drop(c, std::string("a sealed record failed its check (RINGREDUCE_ENCRYPT): ") + e.what());
+      return;
+    }
+  } else {
+    c.in.insert(c.in.end(), data, data + len);
+  }
+  if ((!security_.token.empty() || security_.encrypt != core::Encrypt::off) &&
+      (c.state == Conn::State::hello || c.state == Conn::State::auth) &&
       c.in_avail() > kMaxPreAuthInput) {
     drop(c, "sent " + std::to_string(c.in_avail()) +
                 " bytes before proving it knows RINGREDUCE_TOKEN (at most " +
@@ -98,117 +115,6 @@ void StoreEngine::process(Conn& c) {
     }
     if (!progressed) return;
   }
-}
-
-void StoreEngine::refuse(Conn& c, wire::HelloStatus status, const std::string& why) {
-  // Answered before closing, so that the client can say what is wrong.
-  warn("refusing client " + c.peer + ": " + why);
-  wire::append_server_hello(&c.out, status);
-  c.state = Conn::State::closing;
-  c.in.clear();
-  c.in_off = 0;
-  flush(c);
-}
-
-bool StoreEngine::handle_hello(Conn& c) {
-  if (c.in_avail() < wire::kHelloBytes) return false;
-  const uint8_t* p = c.in.data() + c.in_off;
-  uint32_t magic = wire::load32(p);
-  uint16_t version = wire::load16(p + 4);
-  uint16_t auth = wire::load16(p + 6);
-  uint32_t auth_len = wire::load32(p + 8);
-  if (magic != wire::kMagic) {
-    char buf[64];
-    std::snprintf(buf, sizeof(buf), "bad magic 0x%08x (not a ringreduce store client)", magic);
-    drop(c, buf);
-    return false;
-  }
-  if (auth_len > wire::kMaxAuthBytes) {
-    drop(c, "hello announces " + std::to_string(auth_len) + " bytes of authentication data");
-    return false;
-  }
-  if (c.in_avail() < wire::kHelloBytes + auth_len) return false;
-  const uint8_t* auth_data = p + wire::kHelloBytes;
-  c.in_off += wire::kHelloBytes + auth_len;
-  if (version != wire::kVersion) {
-    refuse(c, wire::HelloStatus::bad_version,
-           "it speaks protocol version " + std::to_string(version) + ", this server " +
-               std::to_string(wire::kVersion));
-    return false;
-  }
-  const bool wants_hmac = auth == static_cast<uint16_t>(wire::Auth::hmac_sha256);
-  if (auth != static_cast<uint16_t>(wire::Auth::none) && !wants_hmac) {
-    refuse(c, wire::HelloStatus::auth_unsupported,
-           "it asks for authentication method " + std::to_string(auth) +
-               ", which this server does not offer");
-    return false;
-  }
-  if (token_.empty()) {
-    if (wants_hmac) {
-      refuse(c, wire::HelloStatus::auth_unsupported,
-             "it has a RINGREDUCE_TOKEN and asks to prove it, but this store was started without "
-             "one");
-      return false;
-    }
-    if (auth_len != 0) {
-      drop(c, "hello without authentication carries " + std::to_string(auth_len) +
-                  " bytes of authentication data");
-      return false;
-    }
-    wire::append_server_hello(&c.out, wire::HelloStatus::ok);
-    c.state = Conn::State::ready;
-    RR_LOG(trace, store, -1, where, ": client ", c.peer, " said hello");
-    flush(c);
-    return !c.dead;
-  }
-  if (!wants_hmac) {
-    refuse(c, wire::HelloStatus::auth_required,
-           "it sent no proof of RINGREDUCE_TOKEN, which this store requires (the client has no "
-           "token set)");
-    return false;
-  }
-  if (auth_len != core::auth::kNonceBytes) {
-    drop(c, "hello carries a nonce of " + std::to_string(auth_len) + " bytes, not " +
-                std::to_string(core::auth::kNonceBytes));
-    return false;
-  }
-  core::auth::Nonce client_nonce{};
-  std::copy(auth_data, auth_data + client_nonce.size(), client_nonce.begin());
-  const core::auth::Nonce server_nonce = core::auth::random_nonce();
-  const auto ctx = wire::auth_context(version, wire::Auth::hmac_sha256);
-  const core::auth::Proof server_proof =
-      core::auth::make_proof(token_, wire::kServerProofLabel, ctx, client_nonce, server_nonce);
-  c.expected_proof =
-      core::auth::make_proof(token_, wire::kClientProofLabel, ctx, server_nonce, client_nonce);
-  uint8_t challenge[wire::kChallengeBytes];
-  std::copy(server_nonce.begin(), server_nonce.end(), challenge);
-  std::copy(server_proof.begin(), server_proof.end(), challenge + server_nonce.size());
-  wire::append_server_hello(&c.out, wire::HelloStatus::ok, challenge, sizeof(challenge));
-  c.state = Conn::State::auth;
-  RR_LOG(trace, store, -1, where, ": client ", c.peer, " said hello; challenge sent");
-  flush(c);
-  return !c.dead;
-}
-
-bool StoreEngine::handle_proof(Conn& c) {
-  if (c.in_avail() < core::auth::kProofBytes) return false;
-  std::span<const uint8_t> proof(c.in.data() + c.in_off, core::auth::kProofBytes);
-  c.in_off += core::auth::kProofBytes;
-  if (!core::auth::proofs_equal(c.expected_proof, proof)) {
-    warn("dropping client " + c.peer +
-         ": its proof of RINGREDUCE_TOKEN is wrong (another token, or a replayed proof)");
-    c.out.push_back(static_cast<uint8_t>(wire::AuthStatus::denied));
-    c.state = Conn::State::closing;
-    c.in.clear();
-    c.in_off = 0;
-    flush(c);
-    return false;
-  }
-  c.out.push_back(static_cast<uint8_t>(wire::AuthStatus::ok));
-  c.state = Conn::State::ready;
-  RR_LOG(trace, store, -1, where, ": client ", c.peer, " proved it holds the token");
-  flush(c);
-  return !c.dead;
 }
 
 bool StoreEngine::handle_request(Conn& c) {
@@ -408,10 +314,18 @@ void StoreEngine::respond(Conn& c, wire::Status status, const std::vector<uint8_
     c.last_progress = now();
     arm(c.last_progress + stall_timeout_);
   }
-  wire::Writer w(&c.out);
-  w.begin(static_cast<uint8_t>(status));
-  w.raw(payload.data(), payload.size());
-  w.end();
+  if (c.records) {
+    uint8_t header[wire::kFrameHeaderBytes];
+    header[0] = static_cast<uint8_t>(status);
+    const auto len = static_cast<uint32_t>(payload.size());
+    for (int i = 0; i < 4; ++i) header[1 + i] = static_cast<uint8_t>(len >> (24 - 8 * i));
+    c.records->seal({std::span<const uint8_t>(header), std::span<const uint8_t>(payload)}, &c.out);
+  } else {
+    wire::Writer w(&c.out);
+    w.begin(static_cast<uint8_t>(status));
+    w.raw(payload.data(), payload.size());
+    w.end();
+  }
   // Most responses fit the socket buffer: sending now saves an epoll round trip.
   flush(c);
 }
@@ -448,8 +362,10 @@ void StoreEngine::check_timers() {
           drop(c, "sent nothing within " + limit + " of connecting (a half-open connection)");
         else
           drop(c, std::string("did not finish its hello") +
-                      (token_.empty() ? "" : " and proof of RINGREDUCE_TOKEN") + " within " +
-                      limit + " of connecting (" + std::to_string(c.bytes_in) +
+                      (security_.encrypt == core::Encrypt::tls ? " and TLS handshake"
+                       : security_.token.empty()               ? ""
+                                                               : " and proof of RINGREDUCE_TOKEN") +
+                      " within " + limit + " of connecting (" + std::to_string(c.bytes_in) +
                       " bytes received: a slow trickle or a stall)");
         continue;
       }

@@ -1,6 +1,6 @@
 // The TCP store's protocol and data without sockets (StoreEngine): the per-connection state
-// machine (hello -> [auth ->] ready <-> parked, or closing after a refused hello or proof), the
-// key-value data, parked gets and waits, and the defences against broken or hostile clients.
+// machine (hello -> [auth or tls ->] ready <-> parked, or closing after a refused hello or proof),
+// the key-value data, parked gets and waits, and the defences against broken or hostile clients.
 // TcpStoreServer (tcp_store_server.cc) feeds it what recv() returns and sends what it queues;
 // TcpStoreProtocol feeds it bytes directly and moves its clock by hand, so that the fuzzer drives
 // the very same code thousands of times a second.
@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -28,6 +29,9 @@
 #include "core/deadline.h"
 #include "core/fd.h"
 #include "core/log.h"
+#include "core/security.h"
+#include "core/tls_keys.h"
+#include "rendezvous/store_records.h"
 #include "rendezvous/tcp_store_wire.h"
 
 namespace ringreduce::rendezvous::store_server {
@@ -43,7 +47,8 @@ constexpr size_t kOutputHighWater = size_t{4} << 20;
 constexpr milliseconds kHandshakeLimit(10000);
 
 struct Conn {
-  enum class State { hello, auth, ready, parked, closing };
+  // tls: the socket is a handshake thread's (TcpStoreServer) until tls_done().
+  enum class State { hello, auth, tls, ready, parked, closing };
 
   uint64_t id = 0;
   core::Fd fd;  // invalid for a TcpStoreProtocol connection
@@ -62,6 +67,16 @@ struct Conn {
   // In state auth: the proof the client must send.
   core::auth::Proof expected_proof{};
 
+  // Encrypted connections (RINGREDUCE_ENCRYPT): the cipher agreed at the hello and what the keys
+  // are bound to; psk's keys, made at the hello, in use once the proof is accepted; the records
+  // once in use (every byte both ways sealed), and the sealed bytes received but not yet opened.
+  core::aead::Cipher cipher = core::aead::Cipher::aes_256_gcm;
+  std::array<uint8_t, wire::kKeyContextBytes> key_context{};
+  std::unique_ptr<core::aead::SessionKeys> pending_keys;
+  std::unique_ptr<StoreRecords> records;
+  std::vector<uint8_t> sealed_in;
+  size_t sealed_off = 0;
+
   // While parked: the request's op, the keys it still waits for, and its deadline.
   wire::Op parked_op = wire::Op::get;
   std::string parked_get_key;
@@ -70,14 +85,16 @@ struct Conn {
   Clock::time_point parked_deadline;
 
   size_t in_avail() const { return in.size() - in_off; }
+  size_t sealed_avail() const { return sealed_in.size() - sealed_off; }
   bool out_pending() const { return out_off < out.size(); }
   bool handshaking() const {
-    return state == State::hello || state == State::auth || state == State::closing;
+    return state == State::hello || state == State::auth || state == State::tls ||
+           state == State::closing;
   }
   // True while the connection waits on the client in the middle of something.
   bool mid_transfer() const {
-    return state == State::hello || state == State::auth || out_pending() ||
-           (state == State::ready && in_avail() > 0);
+    return state == State::hello || state == State::auth || state == State::tls || out_pending() ||
+           (state == State::ready && (in_avail() > 0 || sealed_avail() > 0));
   }
 };
 
@@ -85,8 +102,9 @@ struct Conn {
 // interest in a connection's readiness is registered, and what time it is.
 class StoreEngine {
  public:
-  StoreEngine(std::string token, milliseconds stall_timeout, bool log_drops, uint64_t first_id)
-      : token_(std::move(token)),
+  StoreEngine(core::Security security, milliseconds stall_timeout, bool log_drops,
+              uint64_t first_id)
+      : security_(std::move(security)),
         stall_timeout_(stall_timeout),
         handshake_limit_(std::min(kHandshakeLimit, stall_timeout)),
         log_drops_(log_drops),
@@ -108,6 +126,9 @@ class StoreEngine {
   void run_runnable();
   void sweep();
   void drop(Conn& c, const std::string& why);
+  // The TLS handshake start_tls() began has ended: with the secret it exported, or (null) with
+  // `error` saying why not.
+  void tls_done(Conn& c, const core::tls::Secret* secret, const std::string& error);
 
   std::unordered_map<uint64_t, Conn> conns;
   // What it has served, for TcpStoreServer::stats() (read from other threads).
@@ -123,13 +144,17 @@ class StoreEngine {
   virtual Clock::time_point now() const = 0;
   virtual void flush(Conn& c) = 0;
   virtual void update_interest(Conn& c) = 0;
+  // Runs the TLS handshake on c's socket (c.state is tls, the server's hello sent) and calls
+  // tls_done() when it ends. Without sockets there is nothing to run it on.
+  virtual void start_tls(Conn& c) { drop(c, "asks for TLS, which is served only over sockets"); }
 
  private:
   bool handle_hello(Conn& c);
   bool handle_proof(Conn& c);
   bool handle_request(Conn& c);
   void execute(Conn& c, wire::Op op, wire::Reader& r);
-  void refuse(Conn& c, wire::HelloStatus status, const std::string& why);
+  void refuse(Conn& c, wire::HelloStatus status, const std::string& why,
+              std::span<const uint8_t> challenge = {});
   void park(Conn& c, wire::Op op, const std::string& get_key, std::vector<std::string> missing,
             milliseconds timeout);
   void unpark(Conn& c);
@@ -142,7 +167,7 @@ class StoreEngine {
     if (log_drops_) RR_LOG(warn, store, -1, where, ": ", what);
   }
 
-  const std::string token_;
+  const core::Security security_;
   const milliseconds stall_timeout_;
   const milliseconds handshake_limit_;
   const bool log_drops_;

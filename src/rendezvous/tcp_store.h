@@ -2,7 +2,8 @@
 // tools/ringreduce-store) and its client. One request/response protocol over TCP; every length
 // read from the wire is bounded before use. With a token (RINGREDUCE_TOKEN), server and client
 // prove to each other that they hold it (HMAC-SHA256 challenge-response, tcp_store_wire.h) before
-// any request; without one, connections are not authenticated.
+// any request; without one, connections are not authenticated. With RINGREDUCE_ENCRYPT=psk or tls
+// every byte after the hello is sealed (store_records.h), as on the data links.
 #pragma once
 
 #include <chrono>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/security.h"
 #include "ringreduce/store.h"
 
 namespace ringreduce::rendezvous {
@@ -22,6 +24,10 @@ class TcpStoreServer {
   // from a background thread until destroyed. With a non-empty token, only clients that prove
   // they hold it are served. Throws ringreduce::Error if it cannot listen.
   TcpStoreServer(const std::string& host, int port, const std::string& token = "");
+  // The same with RINGREDUCE_ENCRYPT's protection too (core::security_settings): psk seals every
+  // connection under keys from the token, tls also requires a certificate signed by the CA of
+  // each client (store_records.h, tcp_store_wire.h).
+  TcpStoreServer(const std::string& host, int port, const core::Security& security);
   ~TcpStoreServer();  // stops the thread, closes every socket
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
@@ -49,9 +55,12 @@ class TcpStoreServer {
 std::shared_ptr<Store> connect_tcp_store(const std::string& host, int port,
                                          std::chrono::milliseconds timeout,
                                          const std::string& token = "");
-
-// Splits "host:port", "[v6addr]:port" or "v6addr" forms; InvalidArgument on garbage.
-void split_host_port(const std::string& addr, std::string* host, int* port);
+// The same with RINGREDUCE_ENCRYPT's protection (the server's must be the same, else an Error
+// says which setting differs where); tls presents this process's certificate and checks the
+// server's against the CA.
+std::shared_ptr<Store> connect_tcp_store(const std::string& host, int port,
+                                         std::chrono::milliseconds timeout,
+                                         const core::Security& security);
 
 // The server's protocol without sockets, for the fuzzer (tests/fuzz/fuzz_store.cc) and tests:
 // the same per-connection state machine (hello, proof, requests) and key-value data that a

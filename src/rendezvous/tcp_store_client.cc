@@ -4,7 +4,8 @@
 // back to the pool only after a complete, well-formed response; on any I/O error, timeout or
 // protocol violation it is closed, because its request/response stream is no longer in step.
 // With a token, every new connection runs the mutual proof of tcp_store_wire.h before its first
-// request.
+// request; with RINGREDUCE_ENCRYPT=psk or tls its requests and responses then travel sealed
+// (store_records.h).
 #include "rendezvous/tcp_store.h"
 
 #include <arpa/inet.h>
@@ -22,7 +23,9 @@
 #include "core/auth.h"
 #include "core/fd.h"
 #include "core/log.h"
+#include "core/tls_keys.h"
 #include "rendezvous/socket_util.h"
+#include "rendezvous/store_records.h"
 #include "rendezvous/store_util.h"
 #include "rendezvous/tcp_store_wire.h"
 #include "ringreduce/error.h"
@@ -43,14 +46,23 @@ constexpr milliseconds kConnectAttemptMax(10000);
 
 using core::errno_text;
 
+// A connection of the pool: its socket and, encrypted, its records.
+struct Channel {
+  core::Fd fd;
+  std::unique_ptr<StoreRecords> records;
+};
+
 class TcpStoreClient : public Store {
  public:
-  TcpStoreClient(std::string host, int port, milliseconds timeout, std::string token)
+  TcpStoreClient(std::string host, int port, milliseconds timeout, core::Security security)
       : host_(std::move(host)),
         port_(port),
         timeout_(std::max(timeout, milliseconds(0))),
-        token_(std::move(token)),
-        name_("TCP store at " + join_host_port(host_, port_)) {}
+        security_(std::move(security)),
+        name_("TCP store at " + join_host_port(host_, port_)) {
+    if (security_.encrypt == core::Encrypt::tls)
+      tls_ = std::make_unique<const core::tls::Context>(security_.tls);
+  }
 
   // Opens the first connection, retrying until the timeout: the server may start later.
   void connect_first() { release(connect_with_retry(store_deadline(timeout_)), true); }
@@ -222,37 +234,89 @@ class TcpStoreClient : public Store {
   template <typename Parse>
   auto call(wire::Op op, const std::vector<uint8_t>& request, const Deadline& deadline, Parse parse)
       -> decltype(parse(wire::Status::ok, std::declval<wire::Reader&>())) {
-    core::Fd fd = acquire(deadline);
+    Channel ch = acquire(deadline);
     std::vector<uint8_t> payload;
-    wire::Status status = exchange(fd, op, request, deadline, &payload);
+    wire::Status status = exchange(ch, op, request, deadline, &payload);
     wire::Reader reader(payload.data(), payload.size());
     try {
       auto result = parse(status, reader);
-      release(std::move(fd), false);
+      release(std::move(ch), false);
       return result;
     } catch (const wire::ProtocolError& e) {
       throw PeerError(name_ + ": malformed " + wire::op_name(op) + " response: " + e.what(), -1);
     } catch (const Error&) {
-      release(std::move(fd), false);
+      release(std::move(ch), false);
       throw;
     }
   }
 
-  wire::Status exchange(const core::Fd& fd, wire::Op op, const std::vector<uint8_t>& request,
+  wire::Status exchange(Channel& ch, wire::Op op, const std::vector<uint8_t>& request,
                         const Deadline& deadline, std::vector<uint8_t>* payload) {
     const char* what = wire::op_name(op);
-    io_or_throw(send_exact(fd.get(), request.data(), request.size(), deadline), what, "sending");
+    const int fd = ch.fd.get();
+    if (ch.records) {
+      std::vector<uint8_t> sealed;
+      ch.records->seal({std::span<const uint8_t>(request)}, &sealed);
+      io_or_throw(send_exact(fd, sealed.data(), sealed.size(), deadline), what, "sending");
+    } else {
+      io_or_throw(send_exact(fd, request.data(), request.size(), deadline), what, "sending");
+    }
     uint8_t header[wire::kFrameHeaderBytes];
-    io_or_throw(recv_exact(fd.get(), header, sizeof(header), deadline), what, "receiving");
+    std::vector<uint8_t> plain;
+    if (ch.records) {
+      read_plain(ch, wire::kFrameHeaderBytes, &plain, deadline, what);
+      std::copy(plain.begin(), plain.begin() + wire::kFrameHeaderBytes, header);
+    } else {
+      io_or_throw(recv_exact(fd, header, sizeof(header), deadline), what, "receiving");
+    }
     uint8_t status = header[0];
     uint32_t len = wire::load32(header + 1);
     if (!wire::valid_status(status) || len > wire::kMaxResponsePayload)
       throw PeerError(name_ + ": malformed " + what + " response (status " +
                           std::to_string(status) + ", length " + std::to_string(len) + ")",
                       -1);
-    payload->resize(len);
-    io_or_throw(recv_exact(fd.get(), payload->data(), len, deadline), what, "receiving");
+    if (ch.records) {
+      read_plain(ch, wire::kFrameHeaderBytes + len, &plain, deadline, what);
+      // Strictly one response per request: a record's worth more would put the stream out of step.
+      if (plain.size() != wire::kFrameHeaderBytes + len)
+        throw PeerError(
+            name_ + ": the " + std::string(what) + " response came with bytes beyond it", -1);
+      plain.erase(plain.begin(), plain.begin() + wire::kFrameHeaderBytes);
+      *payload = std::move(plain);
+    } else {
+      payload->resize(len);
+      io_or_throw(recv_exact(fd, payload->data(), len, deadline), what, "receiving");
+    }
     return static_cast<wire::Status>(status);
+  }
+
+  // Opens records from the connection until *plain holds `want` bytes: each checked whole
+  // before any of it is used.
+  void read_plain(Channel& ch, size_t want, std::vector<uint8_t>* plain, const Deadline& deadline,
+                  const char* what) {
+    std::vector<uint8_t> record;
+    // Bounded: every pass adds a record's 1 or more bytes to *plain, or throws.
+    while (plain->size() < want) {
+      uint8_t header[StoreRecords::kHeaderBytes];
+      io_or_throw(recv_exact(ch.fd.get(), header, sizeof header, deadline), what, "receiving");
+      size_t bytes = 0;
+      try {
+        bytes = StoreRecords::record_bytes(header);
+        record.resize(bytes);
+        std::copy(header, header + sizeof header, record.begin());
+        io_or_throw(
+            recv_exact(ch.fd.get(), record.data() + sizeof header, bytes - sizeof header, deadline),
+            what, "receiving");
+        ch.records->open(record.data(), plain);
+      } catch (const wire::ProtocolError& e) {
+        throw PeerError(name_ + ": a " + what + " response failed its check: " + e.what(), -1);
+      } catch (const core::aead::FrameError& e) {
+        throw PeerError(
+            name_ + ": a " + what +
+                " response failed its integrity check (RINGREDUCE_ENCRYPT): " + e.what(),
+            -1);
+      }
+    }
   }
 
   void io_or_throw(IoResult r, const char* op, const char* doing) const {
@@ -272,30 +336,35 @@ class TcpStoreClient : public Store {
   }
 
   // A pooled connection, or a new one; connecting counts against the request's deadline.
-  core::Fd acquire(const Deadline& deadline) {
+  Channel acquire(const Deadline& deadline) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!idle_.empty()) {
-        core::Fd fd = std::move(idle_.back());
+        Channel ch = std::move(idle_.back());
         idle_.pop_back();
-        return fd;
+        return ch;
       }
     }
     // Connecting outside the lock: other threads keep using the idle connections meanwhile.
     return connect_with_retry(deadline.earliest(store_deadline(timeout_)));
   }
 
-  void release(core::Fd fd, bool force) {
+  void release(Channel ch, bool force) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (force || idle_.size() < kMaxIdle) idle_.push_back(std::move(fd));
+    if (force || idle_.size() < kMaxIdle) idle_.push_back(std::move(ch));
   }
 
-  core::Fd connect_with_retry(const Deadline& deadline) {
-    return rendezvous::connect_with_retry(name_, timeout_, deadline,
-                                          [this](const Deadline& d) { return connect_once(d); });
+  Channel connect_with_retry(const Deadline& deadline) {
+    std::unique_ptr<StoreRecords> records;
+    core::Fd fd = rendezvous::connect_with_retry(name_, timeout_, deadline, [&](const Deadline& d) {
+      Channel ch = connect_once(d);
+      records = std::move(ch.records);
+      return std::move(ch.fd);
+    });
+    return Channel{std::move(fd), std::move(records)};
   }
 
-  core::Fd connect_once(const Deadline& deadline) {
+  Channel connect_once(const Deadline& deadline) {
     std::string error;
     AddrInfoList addrs = resolve_tcp(host_, port_, /*passive=*/false, &error);
     if (!addrs) throw Retryable{error};
@@ -310,11 +379,12 @@ class TcpStoreClient : public Store {
         continue;
       }
       Deadline attempt = deadline.earliest(Deadline::after(kConnectAttemptMax));
+      std::unique_ptr<StoreRecords> records;
       std::string why = connect_before(fd.get(), ai, attempt);
-      if (why.empty()) why = hello(fd.get(), attempt);
+      if (why.empty()) why = hello(fd.get(), attempt, &records);
       if (why.empty()) {
         set_nodelay(fd.get());
-        return fd;
+        return Channel{std::move(fd), std::move(records)};
       }
       reasons += (reasons.empty() ? "" : "; ") + addr + ": " + why;
       if (deadline.expired()) break;
@@ -322,19 +392,21 @@ class TcpStoreClient : public Store {
     throw Retryable{reasons};
   }
 
-  // The hello exchange (and with a token, the proofs both ways); returns "" when the server
-  // accepted it, else a transient reason to retry. A server that answers with the wrong magic or
-  // another version, or a token on one side only or two different tokens, is not transient: that
-  // throws.
-  std::string hello(int fd, const Deadline& deadline) {
-    const bool auth = !token_.empty();
-    const core::auth::Nonce client_nonce = auth ? core::auth::random_nonce() : core::auth::Nonce{};
+  // The hello exchange (and with a token, the proofs both ways; with RINGREDUCE_ENCRYPT=tls, the
+  // TLS handshake); returns "" when the server accepted it, with *records set where the
+  // connection is encrypted, else a transient reason to retry. A server that answers with the
+  // wrong magic or another version, a token on one side only or two different tokens, another
+  // RINGREDUCE_ENCRYPT, or a certificate refused either way is not transient: that throws.
+  std::string hello(int fd, const Deadline& deadline, std::unique_ptr<StoreRecords>* records) {
+    const uint16_t auth = static_cast<uint16_t>(wire::client_auth(security_));
+    const core::Encrypt encrypt = security_.encrypt;
+    const bool proves = wire::auth_proves_token(auth);
+    const core::auth::Nonce client_nonce =
+        proves ? core::auth::random_nonce() : core::auth::Nonce{};
     std::vector<uint8_t> msg;
-    if (auth)
-      wire::append_client_hello(&msg, wire::kVersion, wire::Auth::hmac_sha256, client_nonce.data(),
-                                client_nonce.size());
-    else
-      wire::append_client_hello(&msg);
+    wire::append_client_hello(&msg, wire::kVersion, static_cast<wire::Auth>(auth),
+                              proves ? client_nonce.data() : nullptr,
+                              proves ? client_nonce.size() : 0);
     IoResult r = send_exact(fd, msg.data(), msg.size(), deadline);
     uint8_t reply[wire::kHelloBytes];
     if (r == IoResult::ok) r = recv_exact(fd, reply, sizeof(reply), deadline);
@@ -348,33 +420,49 @@ class TcpStoreClient : public Store {
     if (status == static_cast<uint16_t>(wire::HelloStatus::bad_version))
       throw Error(name_ + ": the server speaks store protocol version " + std::to_string(version) +
                   ", this client version " + std::to_string(wire::kVersion));
+    if (status == static_cast<uint16_t>(wire::HelloStatus::encryption_differs)) {
+      uint8_t theirs = 0xff;
+      if (challenge_len == 1) r = recv_exact(fd, &theirs, 1, deadline);
+      const std::string there = theirs <= static_cast<uint8_t>(core::Encrypt::tls)
+                                    ? core::encrypt_name(static_cast<core::Encrypt>(theirs))
+                                    : std::string("another mode");
+      throw Error(name_ + ": the store's connections have RINGREDUCE_ENCRYPT=" + there +
+                  " and this process's " + core::encrypt_name(encrypt) +
+                  ": set the same RINGREDUCE_ENCRYPT where the store runs (rank 0, ringrun or "
+                  "ringreduce-store) and on every rank");
+    }
     if (status == static_cast<uint16_t>(wire::HelloStatus::auth_required))
       throw Error(name_ +
                   ": the store requires a token and this process has none: set RINGREDUCE_TOKEN "
                   "(or Options::token) to the job's token, as on the other ranks");
     if (status == static_cast<uint16_t>(wire::HelloStatus::auth_unsupported))
       throw Error(name_ +
-                  (auth ? ": RINGREDUCE_TOKEN is set in this process, but the store was started "
-                          "without one: set the same RINGREDUCE_TOKEN where the store runs (rank "
-                          "0, ringrun or ringreduce-store), or unset it here"
-                        : ": the server does not offer the authentication this client asked for"));
-    if (status != static_cast<uint16_t>(wire::HelloStatus::ok) ||
-        challenge_len != (auth ? wire::kChallengeBytes : 0))
+                  (proves
+                       ? ": RINGREDUCE_TOKEN is set in this process, but the store was started "
+                         "without one: set the same RINGREDUCE_TOKEN where the store runs (rank "
+                         "0, ringrun or ringreduce-store), or unset it here"
+                       : ": the server does not offer the authentication this client asked for"));
+    const size_t want_challenge =
+        encrypt == core::Encrypt::tls ? 1
+        : !proves                     ? 0
+                  : wire::kChallengeBytes + (encrypt == core::Encrypt::psk ? 1 : 0);
+    if (status != static_cast<uint16_t>(wire::HelloStatus::ok) || challenge_len != want_challenge)
       throw Error(name_ +
                   ": the server requires a hello step this client does not support "
                   "(status " +
                   std::to_string(status) + ", challenge of " + std::to_string(challenge_len) +
                   " bytes)");
-    if (!auth) return "";
+    if (encrypt == core::Encrypt::tls) return tls_handshake(fd, auth, deadline, records);
+    if (!proves) return "";
 
-    uint8_t challenge[wire::kChallengeBytes];
-    r = recv_exact(fd, challenge, sizeof(challenge), deadline);
+    uint8_t challenge[wire::kChallengeBytes + 1];
+    r = recv_exact(fd, challenge, want_challenge, deadline);
     if (std::string why = io_reason(r, "the authentication"); !why.empty()) return why;
     core::auth::Nonce server_nonce{};
     std::copy(challenge, challenge + server_nonce.size(), server_nonce.begin());
-    const auto ctx = wire::auth_context(wire::kVersion, wire::Auth::hmac_sha256);
-    const core::auth::Proof want =
-        core::auth::make_proof(token_, wire::kServerProofLabel, ctx, client_nonce, server_nonce);
+    const auto ctx = wire::auth_context(wire::kVersion, static_cast<wire::Auth>(auth));
+    const core::auth::Proof want = core::auth::make_proof(security_.token, wire::kServerProofLabel,
+                                                          ctx, client_nonce, server_nonce);
     // The store proves itself first: a client never hands its proof, which a stranger could use
     // to guess a weak token offline, to a server that has not shown it knows the token.
     if (!core::auth::proofs_equal(want, std::span<const uint8_t>(challenge + server_nonce.size(),
@@ -382,14 +470,54 @@ class TcpStoreClient : public Store {
       throw Error(name_ +
                   ": the store does not know this process's RINGREDUCE_TOKEN (its proof of the "
                   "token is wrong): the store belongs to another job, or the tokens differ");
-    const core::auth::Proof mine =
-        core::auth::make_proof(token_, wire::kClientProofLabel, ctx, server_nonce, client_nonce);
+    const core::auth::Proof mine = core::auth::make_proof(security_.token, wire::kClientProofLabel,
+                                                          ctx, server_nonce, client_nonce);
     r = send_exact(fd, mine.data(), mine.size(), deadline);
     uint8_t verdict = 0;
     if (r == IoResult::ok) r = recv_exact(fd, &verdict, 1, deadline);
     if (std::string why = io_reason(r, "the authentication"); !why.empty()) return why;
     if (verdict != static_cast<uint8_t>(wire::AuthStatus::ok))
       throw Error(name_ + ": the store rejected this process's proof of RINGREDUCE_TOKEN");
+    if (encrypt == core::Encrypt::psk) {
+      const auto cipher = chosen_cipher(challenge[wire::kChallengeBytes]);
+      *records = std::make_unique<StoreRecords>(core::aead::derive_keys(
+          security_.token, wire::kKeyLabel, wire::key_context(wire::kVersion, auth, cipher),
+          client_nonce, server_nonce, core::aead::Side::connector, cipher));
+    }
+    return "";
+  }
+
+  // The cipher the server chose, checked: a byte that names none is not a store of ours.
+  core::aead::Cipher chosen_cipher(uint8_t c) const {
+    if (c != static_cast<uint8_t>(core::aead::Cipher::aes_256_gcm) &&
+        c != static_cast<uint8_t>(core::aead::Cipher::chacha20_poly1305))
+      throw Error(name_ + ": the server chose cipher " + std::to_string(c) + ", which is none");
+    return static_cast<core::aead::Cipher>(c);
+  }
+
+  // RINGREDUCE_ENCRYPT=tls, after the hello: the cipher the server chose, then TLS 1.3 with both
+  // certificates checked, whose exported secret keys the records.
+  std::string tls_handshake(int fd, uint16_t auth, const Deadline& deadline,
+                            std::unique_ptr<StoreRecords>* records) {
+    uint8_t c = 0;
+    if (std::string why = io_reason(recv_exact(fd, &c, 1, deadline), "the hello"); !why.empty())
+      return why;
+    const core::aead::Cipher cipher = chosen_cipher(c);
+    const auto ctx = wire::key_context(wire::kVersion, auth, cipher);
+    core::tls::Secret secret;
+    try {
+      secret = tls_->handshake(fd, core::aead::Side::connector, ctx, deadline);
+    } catch (const core::tls::TlsError& e) {
+      // The server's thread may be gone or busy (a restart): worth another try. A certificate
+      // refused either way is not.
+      if (e.reason() == core::tls::TlsError::Reason::closed)
+        return std::string("RINGREDUCE_ENCRYPT=tls: ") + e.what();
+      throw Error(name_ + ": RINGREDUCE_ENCRYPT=tls: " + e.what());
+    } catch (const TimeoutError& e) {
+      return std::string("the TLS handshake did not finish in time: ") + e.what();
+    }
+    *records = std::make_unique<StoreRecords>(core::aead::derive_keys_from_secret(
+        secret.bytes, wire::kKeyLabel, ctx, core::aead::Side::connector, cipher));
     return "";
   }
 
@@ -410,10 +538,11 @@ class TcpStoreClient : public Store {
   const std::string host_;
   const int port_;
   const milliseconds timeout_;
-  const std::string token_;
+  const core::Security security_;
   const std::string name_;
+  std::unique_ptr<const core::tls::Context> tls_;  // RINGREDUCE_ENCRYPT=tls
   std::mutex mu_;
-  std::vector<core::Fd> idle_;
+  std::vector<Channel> idle_;
 };
 
 }  // namespace
@@ -421,65 +550,19 @@ class TcpStoreClient : public Store {
 std::shared_ptr<Store> connect_tcp_store(const std::string& host, int port,
                                          std::chrono::milliseconds timeout,
                                          const std::string& token) {
+  return connect_tcp_store(host, port, timeout, core::Security{token, core::Encrypt::off, {}});
+}
+
+std::shared_ptr<Store> connect_tcp_store(const std::string& host, int port,
+                                         std::chrono::milliseconds timeout,
+                                         const core::Security& security) {
   if (port <= 0 || port > 65535)
     throw InvalidArgument("connect_tcp_store: port " + std::to_string(port) +
                           " is not in 1..65535");
   if (host.empty()) throw InvalidArgument("connect_tcp_store: the host name is empty");
-  auto store = std::make_shared<TcpStoreClient>(host, port, timeout, token);
+  auto store = std::make_shared<TcpStoreClient>(host, port, timeout, security);
   store->connect_first();
   return store;
-}
-
-void split_host_port(const std::string& addr, std::string* host, int* port) {
-  auto bad = [&](const std::string& why) {
-    return InvalidArgument("store address '" + addr + "' " + why +
-                           "; expected host:port, [ipv6]:port or an IPv6 address");
-  };
-  auto host_char_ok = [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
-  };
-  auto parse_port = [&](const std::string& text) {
-    if (text.empty() || text.size() > 5 ||
-        !std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; }))
-      throw bad("has port '" + text + "', which is not a number");
-    int p = std::stoi(text);
-    if (p > 65535) throw bad("has port " + text + ", which is above 65535");
-    return p;
-  };
-  if (addr.empty()) throw bad("is empty");
-  std::string h;
-  int p = -1;
-  if (addr.front() == '[') {
-    size_t close = addr.find(']');
-    if (close == std::string::npos) throw bad("has no closing ']'");
-    h = addr.substr(1, close - 1);
-    std::string rest = addr.substr(close + 1);
-    if (!rest.empty()) {
-      if (rest.front() != ':') throw bad("has '" + rest + "' after ']'");
-      p = parse_port(rest.substr(1));
-    }
-    in6_addr ignored{};
-    // A zone ("fe80::1%eth0") is not something inet_pton accepts; check the address part.
-    if (h.empty() || inet_pton(AF_INET6, h.substr(0, h.find('%')).c_str(), &ignored) != 1)
-      throw bad("has '" + h + "' in brackets, which is not an IPv6 address");
-  } else if (size_t colon = addr.find(':'); colon == std::string::npos) {
-    h = addr;  // a bare host; the caller supplies the port
-  } else if (addr.find(':', colon + 1) == std::string::npos) {
-    h = addr.substr(0, colon);
-    p = parse_port(addr.substr(colon + 1));
-  } else {
-    // Several colons and no brackets: only a whole IPv6 address makes sense.
-    in6_addr ignored{};
-    if (inet_pton(AF_INET6, addr.substr(0, addr.find('%')).c_str(), &ignored) != 1)
-      throw bad("is neither host:port nor an IPv6 address (write [ipv6]:port)");
-    h = addr;
-  }
-  if (h.empty()) throw bad("has no host");
-  if (addr.front() != '[' && h.find(':') == std::string::npos &&
-      !std::all_of(h.begin(), h.end(), host_char_ok))
-    throw bad("has host '" + h + "', which is not a host name or address");
-  *host = h;
-  *port = p;
 }
 
 }  // namespace ringreduce::rendezvous

@@ -26,6 +26,7 @@
 #include "rendezvous/store_util.h"
 #include "rendezvous/tcp_store.h"
 #include "rendezvous/tcp_store_wire.h"
+#include "rendezvous/tls_handshakes.h"
 #include "ringreduce/error.h"
 
 namespace ringreduce::rendezvous {
@@ -40,7 +41,8 @@ using store_server::StoreEngine;
 
 constexpr uint64_t kListenerId = 0;
 constexpr uint64_t kWakeId = 1;
-constexpr uint64_t kFirstConnId = 2;
+constexpr uint64_t kTlsId = 2;  // a TLS handshake has ended (tls_handshakes.h)
+constexpr uint64_t kFirstConnId = 3;
 
 // Per wake-up limits, so that one busy client cannot starve the others.
 constexpr size_t kReadBudget = size_t{4} << 20;
@@ -55,7 +57,8 @@ using core::errno_text;
 }  // namespace
 
 struct TcpStoreServer::Impl final : StoreEngine {
-  Impl(const std::string& host, int port, const std::string& token, milliseconds stall_timeout);
+  Impl(const std::string& host, int port, const core::Security& security,
+       milliseconds stall_timeout);
   ~Impl() override {
     // Wake the loop; it returns, and the jthread (declared last, destroyed first) joins it
     // before any descriptor it uses is closed.
@@ -68,10 +71,12 @@ struct TcpStoreServer::Impl final : StoreEngine {
   void accept_all();
   void on_event(Conn& c, uint32_t events);
   void read_some(Conn& c);
+  void tls_ended();
 
   Clock::time_point now() const override { return Clock::now(); }
   void flush(Conn& c) override;
   void update_interest(Conn& c) override;
+  void start_tls(Conn& c) override;
 
   core::Fd listen_fd;
   core::Fd epoll_fd;
@@ -82,6 +87,7 @@ struct TcpStoreServer::Impl final : StoreEngine {
   bool listener_paused = false;
   Clock::time_point listener_resume;
   std::vector<uint8_t> scratch = std::vector<uint8_t>(256 * 1024);
+  std::unique_ptr<TlsHandshakes> tls;  // RINGREDUCE_ENCRYPT=tls
 
   std::jthread thread;  // last: joined before the members above are destroyed
 };
@@ -93,11 +99,13 @@ milliseconds stall_timeout_setting() {
   return milliseconds(300000);
 }
 
-TcpStoreServer::Impl::Impl(const std::string& host, int port, const std::string& token,
+TcpStoreServer::Impl::Impl(const std::string& host, int port, const core::Security& security,
                            milliseconds stall_timeout)
-    : StoreEngine(token, stall_timeout, /*log_drops=*/true, kFirstConnId) {
+    : StoreEngine(security, stall_timeout, /*log_drops=*/true, kFirstConnId) {
   // Proofs are made in the serving thread, where a missing libcrypto would only drop clients.
-  if (!token.empty()) core::auth::require_crypto();
+  if (!security.token.empty() || security.encrypt != core::Encrypt::off)
+    core::auth::require_crypto();
+  if (security.encrypt == core::Encrypt::tls) tls = std::make_unique<TlsHandshakes>(security.tls);
   if (port < 0 || port > 65535)
     throw InvalidArgument("TCP store: port " + std::to_string(port) + " is not in 0..65535");
 
@@ -156,11 +164,19 @@ TcpStoreServer::Impl::Impl(const std::string& host, int port, const std::string&
   ev.data.u64 = kWakeId;
   if (::epoll_ctl(epoll_fd.get(), EPOLL_CTL_ADD, wake_fd.get(), &ev) != 0)
     throw Error("TCP store: epoll_ctl: " + errno_text());
+  ev.data.u64 = kTlsId;
+  if (tls && ::epoll_ctl(epoll_fd.get(), EPOLL_CTL_ADD, tls->ready_fd(), &ev) != 0)
+    throw Error("TCP store: epoll_ctl: " + errno_text());
 
   RR_LOG(info, store, -1, "TCP store listening on ",
          join_host_port(host.empty() ? "*" : host, bound_port),
-         token.empty() ? " (no RINGREDUCE_TOKEN: connections are not authenticated)"
-                       : " (clients must prove they hold RINGREDUCE_TOKEN)");
+         security.encrypt == core::Encrypt::tls
+             ? " (TLS: clients must present a certificate signed by RINGREDUCE_TLS_CA; "
+               "connections encrypted)"
+         : security.encrypt == core::Encrypt::psk
+             ? " (clients must prove they hold RINGREDUCE_TOKEN; connections encrypted)"
+         : security.token.empty() ? " (no RINGREDUCE_TOKEN: connections are not authenticated)"
+                                  : " (clients must prove they hold RINGREDUCE_TOKEN)");
   thread = std::jthread([this] { run(); });
 }
 
@@ -189,6 +205,10 @@ void TcpStoreServer::Impl::run() {
         if (id == kWakeId) return;
         if (id == kListenerId) {
           accept_all();
+          continue;
+        }
+        if (id == kTlsId) {
+          tls_ended();
           continue;
         }
         auto it = conns.find(id);
@@ -309,8 +329,33 @@ void TcpStoreServer::Impl::flush(Conn& c) {
   if (!c.dead) sent(c, 0);  // nothing was pending: a refusal already delivered closes now
 }
 
+void TcpStoreServer::Impl::start_tls(Conn& c) {
+  // The socket is the handshake thread's until it ends: out of the set meanwhile.
+  ::epoll_ctl(epoll_fd.get(), EPOLL_CTL_DEL, c.fd.get(), nullptr);
+  c.events = 0;
+  tls->start(c.id, c.fd.get(), c.key_context, core::Deadline(c.handshake_deadline));
+}
+
+void TcpStoreServer::Impl::tls_ended() {
+  for (auto& r : tls->take()) {
+    auto it = conns.find(r.id);
+    if (it == conns.end() || it->second.dead) continue;
+    Conn& c = it->second;
+    tls_done(c, r.secret ? &*r.secret : nullptr, r.error);
+    if (c.dead) continue;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = c.id;
+    if (::epoll_ctl(epoll_fd.get(), EPOLL_CTL_ADD, c.fd.get(), &ev) != 0) {
+      drop(c, "epoll_ctl after the TLS handshake failed: " + errno_text());
+      continue;
+    }
+    c.events = EPOLLIN;
+  }
+}
+
 void TcpStoreServer::Impl::update_interest(Conn& c) {
-  if (c.dead) return;
+  if (c.dead || c.state == Conn::State::tls) return;
   uint32_t want = EPOLLIN | (c.out_pending() ? EPOLLOUT : 0u);
   if (want == c.events) return;
   epoll_event ev{};
@@ -324,7 +369,10 @@ void TcpStoreServer::Impl::update_interest(Conn& c) {
 }
 
 TcpStoreServer::TcpStoreServer(const std::string& host, int port, const std::string& token)
-    : impl_(std::make_unique<Impl>(host, port, token, stall_timeout_setting())) {}
+    : TcpStoreServer(host, port, core::Security{token, core::Encrypt::off, {}}) {}
+
+TcpStoreServer::TcpStoreServer(const std::string& host, int port, const core::Security& security)
+    : impl_(std::make_unique<Impl>(host, port, security, stall_timeout_setting())) {}
 
 TcpStoreServer::~TcpStoreServer() = default;
 
@@ -346,7 +394,8 @@ TcpStoreServer::Stats TcpStoreServer::stats() const {
 
 struct TcpStoreProtocol::Impl final : StoreEngine {
   Impl(const std::string& token, milliseconds stall_timeout)
-      : StoreEngine(token, stall_timeout, /*log_drops=*/false, 1) {
+      : StoreEngine(core::Security{token, core::Encrypt::off, {}}, stall_timeout,
+                    /*log_drops=*/false, 1) {
     where = "TCP store protocol";
   }
   Clock::time_point now() const override { return clock; }

@@ -21,6 +21,19 @@
 // none). Until the proof is accepted the server buffers no more than one hello and one proof, and
 // the whole exchange must finish within a hard deadline from accept, however the bytes trickle in.
 //
+// Encrypted connections (RINGREDUCE_ENCRYPT, issue 45): the client hello's auth says the mode and
+// the cipher its CPU prefers (psk_aes/psk_chacha, tls_aes/tls_chacha); the server answers with the
+// cipher both will use (AES-256-GCM only where both prefer it) as the last byte of its challenge:
+//   psk   as hmac_sha256 above (the token's proofs, the client's nonce), challenge_len 65: the
+//         server's nonce | its proof | the cipher; after the server's AuthStatus ok, every byte
+//         both ways is in sealed records (store_records.h) under keys derived from the token and
+//         both nonces (core::aead::derive_keys, kKeyLabel, key_context()).
+//   tls   auth_len 0; challenge_len 1: the cipher; then a TLS 1.3 handshake with mutual
+//         certificates (core/tls_keys.h; the client is TLS's client), whose exported secret keys
+//         the records (derive_keys_from_secret); the token plays no part, as on the data links.
+// A client whose mode differs from the server's is refused with encryption_differs and, as its
+// 1-byte challenge, the server's core::Encrypt, so that it can say which setting differs where.
+//
 // Then request/response frames, strictly one response per request, in order:
 //   request   op u8     | payload_len u32 | payload
 //   response  status u8 | payload_len u32 | payload
@@ -38,6 +51,7 @@
 // peer that breaks any rule is disconnected.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -45,7 +59,9 @@
 #include <string>
 #include <vector>
 
+#include "core/aead.h"
 #include "core/auth.h"
+#include "core/security.h"
 
 namespace ringreduce::rendezvous::wire {
 
@@ -68,13 +84,52 @@ constexpr size_t kAuthContextBytes = 8;
 constexpr const char* kServerProofLabel = "ringreduce store server";
 constexpr const char* kClientProofLabel = "ringreduce store client";
 
-enum class Auth : uint16_t { none = 0, hmac_sha256 = 1 };
+enum class Auth : uint16_t {
+  none = 0,
+  hmac_sha256 = 1,
+  psk_aes = 2,  // RINGREDUCE_ENCRYPT=psk; the client's CPU prefers AES-256-GCM
+  psk_chacha = 3,
+  tls_aes = 4,  // RINGREDUCE_ENCRYPT=tls
+  tls_chacha = 5,
+};
+constexpr uint16_t kMaxAuth = 5;
+// The mode a hello's auth asks for, and whether its sender prefers AES.
+inline core::Encrypt auth_encrypt(uint16_t auth) {
+  return auth >= 4 ? core::Encrypt::tls : auth >= 2 ? core::Encrypt::psk : core::Encrypt::off;
+}
+inline bool auth_prefers_aes(uint16_t auth) {
+  return auth == static_cast<uint16_t>(Auth::psk_aes) ||
+         auth == static_cast<uint16_t>(Auth::tls_aes);
+}
+// What a client with these settings says in its hello.
+inline Auth client_auth(const core::Security& s) {
+  const bool aes = s.encrypt != core::Encrypt::off && core::prefers_aes();
+  switch (s.encrypt) {
+    case core::Encrypt::off:
+      return s.token.empty() ? Auth::none : Auth::hmac_sha256;
+    case core::Encrypt::psk:
+      return aes ? Auth::psk_aes : Auth::psk_chacha;
+    case core::Encrypt::tls:
+      return aes ? Auth::tls_aes : Auth::tls_chacha;
+  }
+  return Auth::none;
+}
+// Whether the client's hello carries a nonce and the token's proofs follow.
+inline bool auth_proves_token(uint16_t auth) {
+  return auth == static_cast<uint16_t>(Auth::hmac_sha256) ||
+         auth_encrypt(auth) == core::Encrypt::psk;
+}
+// The label and context the records' keys are derived with: the client hello's magic, version
+// and auth, and the cipher the server chose.
+constexpr const char* kKeyLabel = "ringreduce store connection";
+constexpr size_t kKeyContextBytes = 9;
 
 enum class HelloStatus : uint16_t {
   ok = 0,
-  bad_version = 1,       // the server's hello carries the version it speaks
-  auth_unsupported = 2,  // the client asked for an auth method the server does not offer
-  auth_required = 3,     // the server has a token and the client sent no proof method
+  bad_version = 1,         // the server's hello carries the version it speaks
+  auth_unsupported = 2,    // the client asked for an auth method the server does not offer
+  auth_required = 3,       // the server has a token and the client sent no proof method
+  encryption_differs = 4,  // the client's RINGREDUCE_ENCRYPT is not the server's (its challenge)
 };
 
 // The server's answer to the client's proof.
@@ -283,6 +338,15 @@ inline std::array<uint8_t, kAuthContextBytes> auth_context(uint16_t version, Aut
   w.u16(static_cast<uint16_t>(auth));
   std::array<uint8_t, kAuthContextBytes> out{};
   for (size_t i = 0; i < out.size(); ++i) out[i] = v[i];
+  return out;
+}
+
+inline std::array<uint8_t, kKeyContextBytes> key_context(uint16_t version, uint16_t auth,
+                                                         core::aead::Cipher cipher) {
+  std::array<uint8_t, kKeyContextBytes> out{};
+  const auto head = auth_context(version, static_cast<Auth>(auth));
+  std::copy(head.begin(), head.end(), out.begin());
+  out[kAuthContextBytes] = static_cast<uint8_t>(cipher);
   return out;
 }
 

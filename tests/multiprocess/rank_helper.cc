@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "rendezvous/socket_util.h"
 #include "rendezvous/tcp_store.h"
 #include "ringreduce/error.h"
 #include "ringreduce/ringreduce.hpp"

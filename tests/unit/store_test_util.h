@@ -25,6 +25,7 @@
 #include "core/auth.h"
 #include "core/fd.h"
 #include "rendezvous/file_store.h"
+#include "rendezvous/socket_util.h"
 #include "rendezvous/tcp_store.h"
 #include "rendezvous/tcp_store_wire.h"
 #include "ringreduce/error.h"

@@ -101,9 +101,7 @@ HelloReader::State HelloReader::reject(std::string why) {
 }
 
 uint32_t hello_auth(const std::string& token, Encrypt encrypt) {
-  // ChaCha20 only where this libcrypto has it (an OpenSSL built without it still has AES-GCM).
-  const bool aes = core::aead::preferred_cipher() == core::aead::Cipher::aes_256_gcm ||
-                   !core::aead::cipher_available(core::aead::Cipher::chacha20_poly1305);
+  const bool aes = core::prefers_aes();
   if (encrypt == Encrypt::tls) return aes ? kHelloAuthTls : kHelloAuthTlsChacha;
   if (token.empty()) return kHelloAuthNone;
   if (encrypt == Encrypt::off) return kHelloAuthHmac;
@@ -112,8 +110,7 @@ uint32_t hello_auth(const std::string& token, Encrypt encrypt) {
 
 core::aead::Cipher connection_cipher(uint32_t connector_auth, uint32_t acceptor_auth) {
   auto aes = [](uint32_t a) { return a == kHelloAuthHmacAead || a == kHelloAuthTls; };
-  return aes(connector_auth) && aes(acceptor_auth) ? core::aead::Cipher::aes_256_gcm
-                                                   : core::aead::Cipher::chacha20_poly1305;
+  return core::agreed_cipher(aes(connector_auth), aes(acceptor_auth));
 }
 
 std::vector<uint8_t> connector_hello(Hello mine, const std::string& token,

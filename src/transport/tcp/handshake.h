@@ -30,13 +30,13 @@
 
 #include "core/aead.h"
 #include "core/auth.h"
+#include "core/security.h"
 #include "transport/tcp/wire.h"
 
 namespace ringreduce::transport::tcp {
 
-// RINGREDUCE_ENCRYPT: what follows the hellos. psk: records under keys from the token and both
-// nonces; tls: a TLS 1.3 handshake (core/tls_keys.h), then records under keys it exports.
-enum class Encrypt : uint8_t { off, psk, tls };
+// RINGREDUCE_ENCRYPT: what follows the hellos (core/security.h).
+using core::Encrypt;
 
 constexpr size_t kConnectorAuthBytes = core::auth::kNonceBytes + core::auth::kProofBytes;
 constexpr size_t kAcceptorAuthBytes = core::auth::kProofBytes;

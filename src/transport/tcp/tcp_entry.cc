@@ -3,7 +3,7 @@
 // the communicator's life (connections are made on first use, connector.h).
 #include "transport/tcp/tcp_entry.h"
 
-#include "core/aead.h"
+#include "core/security.h"
 #include "ringreduce/error.h"
 #include "transport/tcp/socket.h"
 #include "transport/tcp/tcp_kind.h"
@@ -29,20 +29,7 @@ void check_settings(const core::Config& config) {
   const int64_t n = config.integer("RINGREDUCE_NSOCKS");
   if (n < 1 || n > 16)
     throw InvalidArgument("RINGREDUCE_NSOCKS=" + std::to_string(n) + " is not in 1..16");
-  const std::string e = config.str("RINGREDUCE_ENCRYPT");
-  if (e != "off" && e != "psk" && e != "tls")
-    throw InvalidArgument("RINGREDUCE_ENCRYPT='" + e + "' is none of off, psk, tls");
-  // The keys of psk come from the token; without one there is nothing secret to derive them from.
-  if (e == "psk" && config.str("RINGREDUCE_TOKEN").empty())
-    throw InvalidArgument(
-        "RINGREDUCE_ENCRYPT=psk needs RINGREDUCE_TOKEN (its keys are derived from the token)");
-  if (e == "tls")
-    for (const char* f : {"RINGREDUCE_TLS_KEY", "RINGREDUCE_TLS_CERT", "RINGREDUCE_TLS_CA"})
-      if (config.str(f).empty())
-        throw InvalidArgument(std::string("RINGREDUCE_ENCRYPT=tls needs ") + f +
-                              " (this rank's key and certificate, and the CA its peers' are "
-                              "signed by, as PEM files)");
-  if (e != "off") core::auth::require_crypto();
+  core::security_settings(config);  // throws on a bad RINGREDUCE_ENCRYPT or its files
 }
 
 std::unique_ptr<KindListener> listen(const core::Config& config, const std::string& token,

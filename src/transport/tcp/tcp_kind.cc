@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "core/log.h"
+#include "core/security.h"
 #include "ringreduce/error.h"
 #include "transport/tcp/handshake.h"
 
@@ -58,17 +59,15 @@ TcpKind::TcpKind(TcpOptions opts, const core::Config& config) : opts_(std::move(
   expect.rank = opts_.rank;
   expect.size = opts_.size;
   expect.channels = stride();
-  const std::string encrypt = config.str("RINGREDUCE_ENCRYPT");
-  expect.encrypt = encrypt == "psk" ? Encrypt::psk : encrypt == "tls" ? Encrypt::tls : Encrypt::off;
+  const core::Security security = core::security_settings(config);
+  expect.encrypt = security.encrypt;
   // With certificates the hellos carry no proof of the token: the TLS handshake after them
   // authenticates both ends.
-  expect.token = expect.encrypt == Encrypt::tls ? "" : config.str("RINGREDUCE_TOKEN");
+  expect.token = expect.encrypt == Encrypt::tls ? "" : security.token;
   expect.nonce = opts_.nonce;
   std::shared_ptr<const core::tls::Context> tls;
   if (expect.encrypt == Encrypt::tls)
-    tls = std::make_shared<const core::tls::Context>(
-        core::tls::Files{config.str("RINGREDUCE_TLS_KEY"), config.str("RINGREDUCE_TLS_CERT"),
-                         config.str("RINGREDUCE_TLS_CA")});
+    tls = std::make_shared<const core::tls::Context>(security.tls);
   connector_ = std::make_unique<Connector>(
       expect, std::move(opts_.listener), read_addresses(config), connect_, epoll_.get(),
       [this](int peer, int index, core::Fd fd, std::unique_ptr<SecureChannel> secure) {
