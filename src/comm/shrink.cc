@@ -240,9 +240,16 @@ std::unique_ptr<CommImpl> CommImpl::shrink_attempt(const std::vector<bool>& excl
   watch->members = members;
   sf.check_failed = [watch] {
     if (!watch->active || !watch->channel) return;
-    for (int q : watch->channel->poll_losses())
-      if (std::find(watch->members.begin(), watch->members.end(), q) != watch->members.end())
-        throw PeerError("rank " + std::to_string(q) + " " + watch->channel->lost.at(q) +
+    watch->channel->poll_losses();  // takes in what has arrived since the last look
+    // Every loss of a member counts, not only those that arrive during the wait: the agreement
+    // decides on the ranks heard in its last round, so a member that died just after its last
+    // message may have been recorded lost by the agreement itself, before this wait began. Only
+    // new losses were looked at before, and a host's first rank then waited for that member's
+    // shared-memory hello until the deadline while the others committed without it (the
+    // launch.shrink-mix flake: "rank 0 did not answer before the deadline").
+    for (int q : watch->members)
+      if (auto it = watch->channel->lost.find(q); it != watch->channel->lost.end())
+        throw PeerError("rank " + std::to_string(q) + " " + it->second +
                             " while the survivors made their links",
                         q);
   };
