@@ -49,10 +49,6 @@ void StoreEngine::on_input(Conn& c, const uint8_t* data, size_t len) {
   if (c.records) {
     // Sealed: only whole records that pass their check become input; what a record did to the
     // stream (replayed, dropped, reordered, altered) is said, and the client is dropped.
-    if (c.sealed_off > 0 && c.sealed_off == c.sealed_in.size()) {
-      c.sealed_in.clear();
-      c.sealed_off = 0;
-    }
     c.sealed_in.insert(c.sealed_in.end(), data, data + len);
     try {
       c.records->open_all(c.sealed_in, &c.sealed_off, &c.in);
@@ -60,6 +56,13 @@ void StoreEngine::on_input(Conn& c, const uint8_t* data, size_t len) {
       drop(c, std::string("a sealed record failed its check (RINGREDUCE_ENCRYPT): ") + e.what());
       return;
     }
+    // What is left is less than one record (a read ends mid-record): kept at the front, and the
+    // buffer's capacity let go once a large transfer is over.
+    c.sealed_in.erase(c.sealed_in.begin(),
+                      c.sealed_in.begin() + static_cast<std::ptrdiff_t>(c.sealed_off));
+    c.sealed_off = 0;
+    if (c.sealed_in.empty() && c.sealed_in.capacity() > (size_t{1} << 20))
+      std::vector<uint8_t>().swap(c.sealed_in);
   } else {
     c.in.insert(c.in.end(), data, data + len);
   }
@@ -94,7 +97,10 @@ void StoreEngine::on_eof(Conn& c) {
 void StoreEngine::process(Conn& c) {
   // Bounded: every pass consumes a complete hello, proof or request from c.in, or returns.
   while (!c.dead) {
-    if (c.state == Conn::State::parked || c.state == Conn::State::closing) return;
+    // tls: the socket is a handshake thread's until tls_done().
+    if (c.state == Conn::State::parked || c.state == Conn::State::closing ||
+        c.state == Conn::State::tls)
+      return;
     if (c.out.size() - c.out_off > kOutputHighWater) return;
     bool progressed = false;
     try {
@@ -360,6 +366,12 @@ void StoreEngine::check_timers() {
           drop(c, "did not take the server's refusal within " + limit + " of connecting");
         else if (c.bytes_in == 0)
           drop(c, "sent nothing within " + limit + " of connecting (a half-open connection)");
+        else if (c.state == Conn::State::tls)
+          drop(c, "did not finish its TLS handshake within " + limit + " of connecting (" +
+                      (c.tls_started ? "a slow or stalled client, or the store's handshake "
+                                       "threads busy with others"
+                                     : "it sent nothing after its hello") +
+                      ")");
         else
           drop(c, std::string("did not finish its hello") +
                       (security_.encrypt == core::Encrypt::tls ? " and TLS handshake"

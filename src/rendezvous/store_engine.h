@@ -76,6 +76,9 @@ struct Conn {
   std::unique_ptr<StoreRecords> records;
   std::vector<uint8_t> sealed_in;
   size_t sealed_off = 0;
+  // tls: whether the handshake thread has the socket (it gets it once the client's first TLS
+  // bytes arrive, so that a silent stranger holds no thread).
+  bool tls_started = false;
 
   // While parked: the request's op, the keys it still waits for, and its deadline.
   wire::Op parked_op = wire::Op::get;

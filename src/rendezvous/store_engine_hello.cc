@@ -69,6 +69,14 @@ bool StoreEngine::handle_hello(Conn& c) {
       drop(c, "TLS hello carries " + std::to_string(auth_len) + " bytes of authentication data");
       return false;
     }
+    // Nothing may follow the hello before the server's answer: bytes here would be taken as
+    // requests once the handshake (which reads the socket, not c.in) succeeded, unsealed, from
+    // whoever put them on the path.
+    if (c.in_avail() > 0) {
+      drop(c, "sent " + std::to_string(c.in_avail()) +
+                  " bytes after its TLS hello, before the server's answer");
+      return false;
+    }
     wire::append_server_hello(&c.out, wire::HelloStatus::ok, &cipher, 1);
     c.state = Conn::State::tls;
     flush(c);
@@ -167,7 +175,11 @@ bool StoreEngine::handle_proof(Conn& c) {
 
 void StoreEngine::tls_done(Conn& c, const core::tls::Secret* secret, const std::string& error) {
   if (c.dead || c.state != Conn::State::tls) return;
-  if (secret == nullptr) {
+  if (secret == nullptr || c.in_avail() > 0) {
+    if (secret != nullptr) {  // cannot happen: nothing is read in state tls; never served unsealed
+      drop(c, "had unsealed bytes when its TLS handshake ended");
+      return;
+    }
     drop(c, "RINGREDUCE_ENCRYPT=tls: " + error);  // the error says what of TLS failed
     return;
   }

@@ -435,6 +435,11 @@ class TcpStoreClient : public Store {
       throw Error(name_ +
                   ": the store requires a token and this process has none: set RINGREDUCE_TOKEN "
                   "(or Options::token) to the job's token, as on the other ranks");
+    if (status == static_cast<uint16_t>(wire::HelloStatus::auth_unsupported) &&
+        encrypt != core::Encrypt::off)
+      throw Error(name_ +
+                  ": the store does not offer RINGREDUCE_ENCRYPT=" + core::encrypt_name(encrypt) +
+                  " (a ringreduce from before store encryption?): run the same version there");
     if (status == static_cast<uint16_t>(wire::HelloStatus::auth_unsupported))
       throw Error(name_ +
                   (proves

@@ -77,6 +77,7 @@ struct TcpStoreServer::Impl final : StoreEngine {
   void flush(Conn& c) override;
   void update_interest(Conn& c) override;
   void start_tls(Conn& c) override;
+  void begin_tls(Conn& c);
 
   core::Fd listen_fd;
   core::Fd epoll_fd;
@@ -278,6 +279,11 @@ void TcpStoreServer::Impl::accept_all() {
 }
 
 void TcpStoreServer::Impl::on_event(Conn& c, uint32_t events) {
+  if (c.state == Conn::State::tls) {
+    // Its ClientHello (or its end) has arrived: the handshake thread reads it, not this loop.
+    if (!c.tls_started) begin_tls(c);
+    return;
+  }
   try {
     if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) read_some(c);
     if (!c.dead && (events & EPOLLOUT)) flush(c);
@@ -330,9 +336,17 @@ void TcpStoreServer::Impl::flush(Conn& c) {
 }
 
 void TcpStoreServer::Impl::start_tls(Conn& c) {
+  // The socket stays in the set, unread, until the client's first TLS bytes arrive (on_event):
+  // only then does a handshake thread take it, so a stranger that says hello and then nothing
+  // holds no thread.
+  update_interest(c);
+}
+
+void TcpStoreServer::Impl::begin_tls(Conn& c) {
   // The socket is the handshake thread's until it ends: out of the set meanwhile.
   ::epoll_ctl(epoll_fd.get(), EPOLL_CTL_DEL, c.fd.get(), nullptr);
   c.events = 0;
+  c.tls_started = true;
   tls->start(c.id, c.fd.get(), c.key_context, core::Deadline(c.handshake_deadline));
 }
 
@@ -355,7 +369,7 @@ void TcpStoreServer::Impl::tls_ended() {
 }
 
 void TcpStoreServer::Impl::update_interest(Conn& c) {
-  if (c.dead || c.state == Conn::State::tls) return;
+  if (c.dead || (c.state == Conn::State::tls && c.tls_started)) return;
   uint32_t want = EPOLLIN | (c.out_pending() ? EPOLLOUT : 0u);
   if (want == c.events) return;
   epoll_event ev{};

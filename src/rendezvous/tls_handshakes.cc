@@ -14,9 +14,11 @@
 namespace ringreduce::rendezvous {
 namespace {
 // Handshakes at once: each costs the server a signature and a verification (about a millisecond
-// of CPU) and mostly waits on its client, so a few threads keep a thousand ranks' start-up short
-// without a thread per rank.
-constexpr size_t kThreads = 4;
+// of CPU) and mostly waits on its client (a round trip or two), so a few threads keep a thousand
+// ranks' start-up short without a thread per rank. A handshake starts only once its client's
+// first TLS bytes are in (tcp_store_server.cc), so a stranger that stalls must first speak TLS,
+// and it holds a thread for at most its connection's 10 s.
+constexpr size_t kThreads = 16;
 }  // namespace
 
 TlsHandshakes::TlsHandshakes(const core::tls::Files& files) : context_(files) {
@@ -80,11 +82,18 @@ void TlsHandshakes::work(std::stop_token stop) {
     lock.unlock();
     Result r;
     r.id = job.id;
-    try {
-      r.secret =
-          context_.handshake(job.fd.get(), core::aead::Side::acceptor, job.context, job.deadline);
-    } catch (const std::exception& e) {
-      r.error = e.what();
+    if (job.deadline.expired()) {
+      // Waited in the queue past its connection's deadline: said as the server's cause, not the
+      // client's.
+      r.error = "the store's " + std::to_string(kThreads) +
+                " TLS handshake threads were busy until this connection's deadline";
+    } else {
+      try {
+        r.secret =
+            context_.handshake(job.fd.get(), core::aead::Side::acceptor, job.context, job.deadline);
+      } catch (const std::exception& e) {
+        r.error = e.what();
+      }
     }
     lock.lock();
     std::erase(running_, job.fd.get());

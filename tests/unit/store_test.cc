@@ -1,5 +1,6 @@
 // The Store conformance suite, run against every implementation (memory, file, TCP over IPv4
-// and IPv6 loopback), then the file store's specifics and split_host_port.
+// and IPv6 loopback, with a token, and sealed with RINGREDUCE_ENCRYPT=psk), then the file store's
+// specifics and split_host_port.
 #include "store_test_util.h"
 
 namespace ringreduce::rendezvous {
@@ -29,6 +30,12 @@ class StoreConformance : public ::testing::TestWithParam<std::string> {
       token_ = "conformance token";
       server_ = std::make_unique<TcpStoreServer>(host_, 0, token_);
       store_ = connect_tcp_store(host_, server_->port(), 5s, token_);
+    } else if (kind == "tcp4psk") {
+      // Every operation sealed (RINGREDUCE_ENCRYPT=psk): records of at most 64 KiB both ways.
+      host_ = "127.0.0.1";
+      security_ = core::Security{"conformance token", core::Encrypt::psk, {}};
+      server_ = std::make_unique<TcpStoreServer>(host_, 0, security_);
+      store_ = connect_tcp_store(host_, server_->port(), 5s, security_);
     } else if (kind == "tcp6") {
       if (!ipv6_loopback_available()) GTEST_SKIP() << "IPv6 loopback (::1) is not available";
       host_ = "::1";
@@ -41,6 +48,8 @@ class StoreConformance : public ::testing::TestWithParam<std::string> {
   // Another handle on the same store, as a second process would open it.
   std::shared_ptr<Store> other_handle() {
     if (dir_) return make_file_store(dir_->path());
+    if (server_ && security_.encrypt != core::Encrypt::off)
+      return connect_tcp_store(host_, server_->port(), 5s, security_);
     if (server_) return connect_tcp_store(host_, server_->port(), 5s, token_);
     return store_;
   }
@@ -50,6 +59,7 @@ class StoreConformance : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<TcpStoreServer> server_;
   std::string host_;
   std::string token_;
+  core::Security security_;
   std::shared_ptr<Store> store_;
 };
 
@@ -279,7 +289,8 @@ TEST_P(StoreConformance, LargeValue) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllStores, StoreConformance,
-                         ::testing::Values("memory", "file", "tcp4", "tcp4token", "tcp6"),
+                         ::testing::Values("memory", "file", "tcp4", "tcp4token", "tcp4psk",
+                                           "tcp6"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;
                          });

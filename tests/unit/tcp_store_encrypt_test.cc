@@ -259,6 +259,50 @@ TEST_F(TcpStoreTls, UntrustedOrExpiredCertificatesAreRefusedAtOnceBothWays) {
   EXPECT_EQ(store->get("k", 2s), bytes("v"));
 }
 
+// A TLS hello as a client sends it, by hand.
+std::vector<uint8_t> tls_hello() {
+  std::vector<uint8_t> h;
+  wire::append_client_hello(&h, wire::kVersion, wire::Auth::tls_aes);
+  return h;
+}
+
+TEST_F(TcpStoreTls, BytesAfterTheHelloAreNeverServedUnsealed) {
+  // Someone on the path appends a plaintext request to a client's TLS hello, hoping it is served
+  // once the real client's handshake succeeds.
+  TcpStoreServer server("127.0.0.1", 0, tls("server"));
+  ::testing::internal::CaptureStderr();
+  RawClient raw("127.0.0.1", server.port());
+  std::vector<uint8_t> msg = tls_hello();
+  std::vector<uint8_t> set;
+  wire::Writer w(&set);
+  w.str("injected");
+  w.str("evil");
+  const std::vector<uint8_t> f = frame(wire::Op::set, set);
+  msg.insert(msg.end(), f.begin(), f.end());
+  raw.send(msg);
+  EXPECT_TRUE(raw.closed_by_server(5s));
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(contains(log, "bytes after its TLS hello, before the server's answer")) << log;
+  auto store = connect_tcp_store("127.0.0.1", server.port(), 5s, tls("client"));
+  EXPECT_FALSE(store->check({"injected"}));
+}
+
+TEST_F(TcpStoreTls, SilentStrangersHoldNoHandshakeThread) {
+  // Forty connections that say a TLS hello and then nothing: more than the store has handshake
+  // threads. A rank's client still gets through at once.
+  TcpStoreServer server("127.0.0.1", 0, tls("server"));
+  std::vector<std::unique_ptr<RawClient>> strangers;
+  for (int i = 0; i < 40; ++i) {
+    strangers.push_back(std::make_unique<RawClient>("127.0.0.1", server.port()));
+    strangers.back()->send(tls_hello());
+  }
+  const auto t0 = Clock::now();
+  auto store = connect_tcp_store("127.0.0.1", server.port(), 5s, tls("client"));
+  store->set("k", bytes("v"));
+  EXPECT_EQ(store->get("k", 2s), bytes("v"));
+  EXPECT_LT(seconds_since(t0), 2.0);
+}
+
 TEST_F(TcpStoreTls, ModesThatDifferAreSaidOnTheClient) {
   struct Case {
     core::Security server, client;
