@@ -2,7 +2,8 @@
 // the store (RINGREDUCE_STORE_SERVER=0) or where the store must outlive any one rank.
 //   ringreduce-store [--host H] [--port P] | --help | --version
 // With RINGREDUCE_TOKEN set in its environment, only clients that prove they hold the same token
-// are served.
+// are served; with RINGREDUCE_ENCRYPT=psk or tls (and its files) every connection is encrypted,
+// as the ranks' must be too.
 // Prints "listening on HOST:PORT" once it accepts connections, then serves until SIGINT or
 // SIGTERM.
 #include <signal.h>
@@ -25,7 +26,9 @@ constexpr const char* kUsage =
     "  --host H   address to listen on (default 0.0.0.0; :: for IPv6 and IPv4)\n"
     "  --port P   TCP port (default 29500; 0 picks a free one)\n"
     "  -h, --help print this text; --version: print the version\n"
-    "RINGREDUCE_TOKEN in the environment: serve only clients that prove they hold it.\n";
+    "RINGREDUCE_TOKEN in the environment: serve only clients that prove they hold it.\n"
+    "RINGREDUCE_ENCRYPT=psk|tls (with RINGREDUCE_TLS_KEY, _CERT, _CA for tls): encrypt every\n"
+    "connection, as the ranks' settings must say too.\n";
 
 bool parse_port(const std::string& text, int* port) {
   if (text.empty() || text.size() > 5) return false;
