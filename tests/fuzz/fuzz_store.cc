@@ -169,8 +169,19 @@ class Harness {
         if (wire::load16(p + 4) != wire::kVersion) fail("server hello with another version");
         const uint16_t status = wire::load16(p + 6);
         const uint32_t clen = wire::load32(p + 8);
-        if (status > static_cast<uint16_t>(wire::HelloStatus::auth_required))
+        if (status > static_cast<uint16_t>(wire::HelloStatus::encryption_differs))
           fail("unknown hello status");
+        if (status == static_cast<uint16_t>(wire::HelloStatus::encryption_differs)) {
+          // A client asking for RINGREDUCE_ENCRYPT=psk or tls: refused with the store's own mode,
+          // off (TcpStoreProtocol's).
+          if (clen != 1) fail("an encryption refusal without the store's mode");
+          if (left < wire::kHelloBytes + 1) break;
+          if (p[wire::kHelloBytes] != static_cast<uint8_t>(core::Encrypt::off))
+            fail("an encryption refusal naming a mode the store does not have");
+          off += wire::kHelloBytes + 1;
+          s.phase = Slot::Phase::refused;
+          continue;
+        }
         off += wire::kHelloBytes;
         if (status != static_cast<uint16_t>(wire::HelloStatus::ok)) {
           if (clen != 0) fail("a refusal with a challenge");

@@ -97,6 +97,10 @@ def sessions(token):
     yield "trickle", flags + b"".join(feed(2, bytes([b])) + advance(3) for b in plain_hello())
     yield "reconnect", flags + base + close(0) + hello(0) + (prove(0) if token else b"") + feed(
         0, get(b"k", 0))
+    # Clients with RINGREDUCE_ENCRYPT=psk (auth 2, a nonce) and tls (auth 4): refused with the
+    # store's mode (TcpStoreProtocol's is off).
+    yield "encrypted_hello", flags + feed(0, struct.pack(">IHHI", MAGIC, VERSION, 2, 32) + bytes(
+        32)) + feed(1, struct.pack(">IHHI", MAGIC, VERSION, 4, 0))
     if not token:
         yield "raw_hello", flags + feed(0, plain_hello() + set_(b"r", b"raw"))
 
