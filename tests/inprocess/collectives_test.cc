@@ -172,6 +172,8 @@ TEST(Crowded, RanksPinnedTwoToACoreGetExactResultsAndMismatches) {
           CPU_ZERO(&one);
           CPU_SET(cores[static_cast<size_t>(comm.rank()) % cores.size()], &one);
           ASSERT_EQ(0, sched_setaffinity(0, sizeof one, &one));  // this thread only
+          const int calls = 20 * 4 * 2 * 2 * 2;
+          int call = 0;
           for (int rep = 0; rep < 20; ++rep)
             for (size_t count : {size_t{1}, size_t{7}, size_t{1001}, size_t{70001}})
               for (DataType t : {DataType::f32, DataType::i64})
@@ -181,7 +183,19 @@ TEST(Crowded, RanksPinnedTwoToACoreGetExactResultsAndMismatches) {
                     auto in = make_input(comm.rank(), count, t, op);
                     std::vector<char> out(bytes);
                     void* dst = in_place ? in.data() : out.data();
-                    comm.allreduce(in.data(), dst, count, t, op);
+                    try {
+                      comm.allreduce(in.data(), dst, count, t, op);
+                    } catch (const ringreduce::Error& e) {
+                      // A rank still finishing the last good call when a faster one finds the
+                      // mismatch in the next fails that call with the mismatch's notice: the
+                      // failure reaches every rank at once, wherever it is, naming the call.
+                      const std::string what = e.what();
+                      if (++call == calls && what.find("mismatched call") != std::string::npos &&
+                          what.find("#" + std::to_string(calls + 1)) != std::string::npos)
+                        return;
+                      throw;
+                    }
+                    ++call;
                     ASSERT_EQ(0, std::memcmp(dst, expected.get(n, count, t, op).data(), bytes))
                         << algo << " count " << count << " rank " << comm.rank();
                   }
