@@ -219,9 +219,9 @@ void CommImpl::init(const Options& options, const SplitFrom* from) {
 
   std::string store_host;
   int local_size = -1;
-  const std::string token = st.token = config_.str("RINGREDUCE_TOKEN");
   // The store's connections are protected as the data links are (issue 45).
   const core::Security security = core::security_settings(config_);
+  const std::string token = st.token = security.token;
   // Where the stall monitor gets its own store client (TCP launches), or the store to share.
   std::function<std::shared_ptr<Store>()> stall_store;
   if (from) {

@@ -262,10 +262,10 @@ class TcpStoreClient : public Store {
       io_or_throw(send_exact(fd, request.data(), request.size(), deadline), what, "sending");
     }
     uint8_t header[wire::kFrameHeaderBytes];
-    std::vector<uint8_t> plain;
+    std::vector<uint8_t> first;  // sealed: the record(s) holding the header, and what follows it
     if (ch.records) {
-      read_plain(ch, wire::kFrameHeaderBytes, &plain, deadline, what);
-      std::copy(plain.begin(), plain.begin() + wire::kFrameHeaderBytes, header);
+      read_plain(ch, wire::kFrameHeaderBytes, &first, deadline, what);
+      std::copy(first.begin(), first.begin() + wire::kFrameHeaderBytes, header);
     } else {
       io_or_throw(recv_exact(fd, header, sizeof(header), deadline), what, "receiving");
     }
@@ -276,13 +276,13 @@ class TcpStoreClient : public Store {
                           std::to_string(status) + ", length " + std::to_string(len) + ")",
                       -1);
     if (ch.records) {
-      read_plain(ch, wire::kFrameHeaderBytes + len, &plain, deadline, what);
+      // The rest of the payload opens straight into it (no shifting a large value by the header).
+      payload->assign(first.begin() + wire::kFrameHeaderBytes, first.end());
+      read_plain(ch, len, payload, deadline, what);
       // Strictly one response per request: a record's worth more would put the stream out of step.
-      if (plain.size() != wire::kFrameHeaderBytes + len)
+      if (payload->size() != len)
         throw PeerError(
             name_ + ": the " + std::string(what) + " response came with bytes beyond it", -1);
-      plain.erase(plain.begin(), plain.begin() + wire::kFrameHeaderBytes);
-      *payload = std::move(plain);
     } else {
       payload->resize(len);
       io_or_throw(recv_exact(fd, payload->data(), len, deadline), what, "receiving");

@@ -266,14 +266,8 @@ void TcpStoreServer::Impl::accept_all() {
     ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
     std::string peer = describe_address(reinterpret_cast<sockaddr*>(&ss), len);
     Conn& c = add_conn(std::move(owned), std::move(peer));
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.u64 = c.id;
-    if (::epoll_ctl(epoll_fd.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
-      drop(c, "epoll_ctl on a new connection failed: " + errno_text());
-      continue;
-    }
-    c.events = EPOLLIN;
+    update_interest(c);  // into the set
+    if (c.dead) continue;
     RR_LOG(trace, store, -1, where, ": client ", c.peer, " connected");
   }
 }
@@ -356,15 +350,7 @@ void TcpStoreServer::Impl::tls_ended() {
     if (it == conns.end() || it->second.dead) continue;
     Conn& c = it->second;
     tls_done(c, r.secret ? &*r.secret : nullptr, r.error);
-    if (c.dead) continue;
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.u64 = c.id;
-    if (::epoll_ctl(epoll_fd.get(), EPOLL_CTL_ADD, c.fd.get(), &ev) != 0) {
-      drop(c, "epoll_ctl after the TLS handshake failed: " + errno_text());
-      continue;
-    }
-    c.events = EPOLLIN;
+    update_interest(c);  // back into the set
   }
 }
 
@@ -375,7 +361,9 @@ void TcpStoreServer::Impl::update_interest(Conn& c) {
   epoll_event ev{};
   ev.events = want;
   ev.data.u64 = c.id;
-  if (::epoll_ctl(epoll_fd.get(), EPOLL_CTL_MOD, c.fd.get(), &ev) != 0) {
+  // events 0: not in the set (a new connection, or one back from its TLS handshake).
+  if (::epoll_ctl(epoll_fd.get(), c.events == 0 ? EPOLL_CTL_ADD : EPOLL_CTL_MOD, c.fd.get(), &ev) !=
+      0) {
     drop(c, "epoll_ctl failed: " + errno_text());
     return;
   }
